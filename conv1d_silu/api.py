@@ -1,0 +1,86 @@
+"""The public function."""
+
+from __future__ import annotations
+
+import torch
+
+from . import autograd
+from .validation import check_inputs, fail
+
+
+def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor | None:
+    if buf is None:
+        return None
+    if not isinstance(buf, torch.Tensor):
+        fail(arg, "a torch.Tensor or None", type(buf).__name__, TypeError)
+    if buf.dtype != torch.float32:
+        fail(arg, "dtype torch.float32", buf.dtype, TypeError)
+    if buf.device != x.device:
+        fail(arg, f"a tensor on {x.device}", buf.device)
+    if buf.numel() != _numel(shape) or not buf.is_contiguous():
+        fail(arg, f"a contiguous buffer of shape {shape}", tuple(buf.shape))
+    return buf.view(shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def causal_conv1d_silu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    return_final_states: bool = False,
+    grad_dtype: torch.dtype | None = None,
+    activation: str | None = "silu",
+    program: str | None = None,
+    weight_main_grad: torch.Tensor | None = None,
+    bias_main_grad: torch.Tensor | None = None,
+):
+    """Causal depthwise conv1d followed by SiLU, with a deterministic backward.
+
+    ``y[t, c] = silu(bias[c] + sum_k weight[c, k] * x[t - (K-1) + k, c])`` within each document
+    (earlier tokens come from ``initial_states``, or are zero).
+
+    Args:
+        x: ``(S, C)`` packed tokens or ``(B, L, C)`` (B documents of L tokens); float32, float16,
+            bfloat16 or float64. Channel stride 1; the token stride may exceed C (a slice of a
+            wider projection is read in place).
+        weight: ``(C, K)`` or ``nn.Conv1d``'s ``(C, 1, K)``, 2 <= K <= 8; may be fp32 with 16-bit x.
+        bias: ``(C,)`` in the weight's dtype, or None.
+        seq_idx: int32 document index per token (``(S,)``, or ``(B, L)`` for 3-D x); documents
+            start where it changes.
+        cu_seqlens: int32 ``(N + 1,)`` document offsets into the S tokens (2-D x only).
+        initial_states: ``(N, K-1, C)`` in x's dtype: the K-1 tokens preceding each document.
+        return_final_states: also return ``(N, K-1, C)``: each document's last K-1 tokens
+            (initial state rows included when a document is shorter than K-1).
+        grad_dtype: dtype of dweight/dbias: the weight's (default) or torch.float32.
+        activation: ``"silu"`` (or ``"swish"``) or None for the identity.
+        program: force a kernel program by name (see ``conv1d_silu.routes.PROGRAMS``).
+        weight_main_grad / bias_main_grad: fp32 buffers (Megatron-style ``main_grad``) that the
+            backward adds dweight / dbias into, in place; the weight then gets no ``.grad``.
+
+    Returns:
+        y with x's shape and dtype (contiguous), or ``(y, final_states)``.
+    """
+    w2, silu, doc = check_inputs(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program
+    )
+    C, K = w2.shape
+    wmg = _main_grad("weight_main_grad", weight_main_grad, (C, K), x)
+    bmg = _main_grad("bias_main_grad", bias_main_grad, (C,), x)
+    if bmg is not None and (bias is None or wmg is None):
+        fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
+    if wmg is not None and bias is not None and bmg is None:
+        fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
+    return autograd.apply(
+        x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
+        grad_dtype or w2.dtype, program,
+    )

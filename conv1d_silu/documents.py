@@ -1,0 +1,114 @@
+"""Document tables: how the packed token axis splits into documents.
+
+Every op sees the tokens as one packed axis of ``S`` rows. A document table says where documents
+start; windows never cross a document. Four modes, shared by the reference and the kernels:
+
+* ``SINGLE``  : 2-D ``x`` without a table: one document of ``S`` tokens.
+* ``BATCH``   : 3-D ``x`` of shape ``(B, L, C)``: ``B`` documents of ``L`` tokens.
+* ``SEQ_IDX`` : ``seq_idx`` int32, one entry per token: a document starts where the value changes
+  (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``.
+* ``CU_SEQLENS``: ``cu_seqlens[N+1]`` int32 offsets: document ``d`` is ``[cu[d], cu[d+1])``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SINGLE, BATCH, SEQ_IDX, CU_SEQLENS = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class DocTable:
+    """A normalised document table. ``num_docs`` is None only for ``SEQ_IDX`` without states."""
+
+    mode: int
+    S: int
+    row_len: int  # tokens per batch row (BATCH, and SEQ_IDX on 3-D input); S otherwise
+    num_docs: int | None
+    table: torch.Tensor | None  # flat int32 seq_idx (S,) or cu_seqlens (N+1,)
+
+
+def doc_table(
+    x: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+) -> DocTable:
+    """Build the table for already validated arguments."""
+    S = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+    row_len = x.shape[1] if x.dim() == 3 else S
+    if cu_seqlens is not None:
+        return DocTable(CU_SEQLENS, S, row_len, cu_seqlens.shape[0] - 1, cu_seqlens)
+    if seq_idx is not None:
+        n = initial_states.shape[0] if initial_states is not None else None
+        return DocTable(SEQ_IDX, S, row_len, n, seq_idx.reshape(-1))
+    if x.dim() == 3:
+        return DocTable(BATCH, S, row_len, x.shape[0], None)
+    return DocTable(SINGLE, S, row_len, 1, None)
+
+
+def token_positions(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: (rows since its document's start, its state index), both int64, no host sync."""
+    t = torch.arange(doc.S, device=device)
+    if doc.mode == SINGLE:
+        return t, torch.zeros_like(t)
+    if doc.mode == BATCH:
+        return t % doc.row_len, t // doc.row_len
+    if doc.mode == CU_SEQLENS:
+        cu = doc.table.to(device=device, dtype=torch.int64)
+        d = torch.searchsorted(cu, t, right=True) - 1
+        d = d.clamp(0, max(doc.num_docs - 1, 0))
+        return t - cu[d], d
+    seq = doc.table.to(device=device, dtype=torch.int64)
+    start = t % doc.row_len == 0
+    if doc.S > 1:
+        start[1:] |= seq[1:] != seq[:-1]
+    first = torch.where(start, t, torch.zeros_like(t)).cummax(0).values
+    return t - first, seq
+
+
+def doc_spans(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, end) int64 tensors of length ``num_docs``: document ``d`` holds rows [start, end)."""
+    n = doc.num_docs
+    if doc.mode == CU_SEQLENS:
+        cu = doc.table.to(device=device, dtype=torch.int64)
+        return cu[:-1], cu[1:]
+    if doc.mode == SEQ_IDX:
+        seq = doc.table.to(device=device, dtype=torch.int64)
+        ids = torch.arange(n, device=device)
+        return torch.searchsorted(seq, ids), torch.searchsorted(seq, ids, right=True)
+    starts = torch.arange(n, device=device) * doc.row_len
+    return starts, starts + doc.row_len
+
+
+def check_table_contents(doc: DocTable) -> str | None:
+    """Return a message describing what is wrong with the table's values, or None.
+
+    Reads the table (one device-to-host copy for GPU tables); never called while tracing or
+    capturing a CUDA graph.
+    """
+    if doc.mode == CU_SEQLENS:
+        cu = doc.table.to(torch.int64)
+        bad_order = (cu[1:] < cu[:-1]).any() if cu.numel() > 1 else torch.zeros((), dtype=torch.bool)
+        first, last, unordered = torch.stack([cu[0], cu[-1], bad_order.to(cu.device, torch.int64)]).tolist()
+        if first != 0:
+            return f"cu_seqlens: expected cu_seqlens[0] == 0, got {first}"
+        if last != doc.S:
+            return f"cu_seqlens: expected cu_seqlens[-1] == S == {doc.S}, got {last}"
+        if unordered:
+            return "cu_seqlens: expected non-decreasing offsets"
+        return None
+    if doc.mode != SEQ_IDX or doc.S == 0:
+        return None
+    seq = doc.table.view(-1, doc.row_len).to(torch.int64)
+    unordered = (seq[:, 1:] < seq[:, :-1]).any().to(torch.int64)
+    lo, hi, unordered = torch.stack([seq.min(), seq.max(), unordered]).tolist()
+    if unordered:
+        return "seq_idx: expected non-decreasing values within each sequence"
+    if lo < 0:
+        return f"seq_idx: expected values >= 0, got {lo}"
+    if doc.num_docs is not None and hi >= doc.num_docs:
+        return f"seq_idx: expected values < initial_states.shape[0] == {doc.num_docs}, got {hi}"
+    return None

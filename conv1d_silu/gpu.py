@@ -1,0 +1,285 @@
+"""Allocating wrappers of the CUDA kernels: choose the instantiation and geometry, allocate the
+outputs and workspaces from torch's allocator, and hand a :class:`runtime.Launch` to a launcher.
+
+The launcher is the CuPy runtime on GPUs; the kernel tests pass the CPU emulator instead, so the
+same planning code is exercised without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+import torch
+
+from . import kernels
+from .documents import CU_SEQLENS, SEQ_IDX, DocTable
+from .routes import LANES, Program, tile_vectors
+from .runtime import Launch
+
+SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
+FAN = 8  # children per node of the canonical tree
+
+
+class Launcher:
+    """Where launches go. Subclassed by the CPU emulator of the tests."""
+
+    def sm_count(self, device: torch.device) -> int:
+        from .runtime import device_limits
+
+        return device_limits(_index(device)).sm_count
+
+    def max_active_blocks(self, launch: Launch, device: torch.device) -> int:
+        from .runtime import max_active_blocks
+
+        return max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, _index(device))
+
+    def __call__(self, launch: Launch, device: torch.device) -> None:
+        from .runtime import launch as run
+
+        run(launch, device)
+
+
+CUDA = Launcher()
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _aligned(ptr: int, nbytes: int) -> bool:
+    return ptr % nbytes == 0
+
+
+def vector_width(itemsize: int, K: int, C: int, tensors: list[torch.Tensor], strides: list[int], bwd: bool) -> int:
+    """Channels per thread: 16 bytes when C, the row strides and the pointers allow, fewer else.
+
+    The backward keeps 4K windows of VEC floats in registers, so it caps VEC * K at 32.
+    """
+    vec = 16 // itemsize
+    if bwd:
+        vec = min(vec, max(1, 32 // K))
+    while vec > 1 and (
+        C % vec
+        or any(s % vec for s in strides)
+        or any(not _aligned(t.data_ptr(), vec * itemsize) for t in tensors if t is not None)
+    ):
+        vec //= 2
+    return vec
+
+
+def _table(doc: DocTable):
+    return doc.table if doc.mode in (SEQ_IDX, CU_SEQLENS) else None
+
+
+def _max_offset(S: int, C: int, strides: list[int], n_docs: int, K: int) -> int:
+    return max([S * s for s in strides] + [S * C, (n_docs + 1) * (K - 1) * C]) + C
+
+
+def ceil_log8(n: int) -> int:
+    level = 0
+    while FAN**level < n:
+        level += 1
+    return level
+
+
+def tree_shape(S: int, cta_level: int) -> tuple[int, list[int]]:
+    """Root level and the node count of each level 0..root of the canonical tree for S tokens."""
+    n_slabs = max(1, math.ceil(S / SLAB))
+    root = max(2, ceil_log8(n_slabs))
+    return root, [math.ceil(n_slabs / FAN**level) for level in range(root + 1)]
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+    program: Program,
+    row_stride: int,
+    launcher: Launcher = CUDA,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y (contiguous, x's shape) and final_states ((N, K-1, C) or None)."""
+    C, K = weight.shape
+    S = doc.S
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    final = None
+    if return_final_states:
+        final = (
+            initial_states.clone()
+            if initial_states is not None
+            else x.new_zeros((doc.num_docs, K - 1, C))
+        )
+    if S == 0:
+        return y, final
+    init = initial_states.contiguous() if initial_states is not None else None
+    vec = vector_width(x.element_size(), K, C, [x, y, init, final], [row_stride], bwd=False)
+    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    n_ctiles = math.ceil(C // vec / tile_v)
+    rows = program.rows_per_lane
+    n_units = math.ceil(S / (LANES * rows)) * n_ctiles
+    n_docs = doc.num_docs or 0
+    max_off = _max_offset(S, C, [row_stride], n_docs, K)
+    wide = max_off >= 2**31
+    kernel = kernels.name_expression(
+        "conv1d_silu_fwd",
+        x.dtype,
+        weight.dtype,
+        K,
+        vec,
+        bias is not None,
+        doc.mode,
+        init is not None,
+        final is not None,
+        silu,
+        "long long" if wide else "int",
+        rows,
+    )
+    launch = Launch(
+        source="conv1d_silu_fwd",
+        kernel=kernel,
+        grid=(n_units, 1, 1),
+        block=LANES * tile_v,
+        smem=0,
+        args=(
+            x,
+            np.int64(row_stride),
+            weight.contiguous(),
+            None if bias is None else bias.contiguous(),
+            _table(doc),
+            np.int64(doc.row_len),
+            np.int32(n_docs),
+            init,
+            y,
+            final,
+            np.int64(S),
+            np.int32(C),
+            np.int32(tile_v),
+            np.int32(n_ctiles),
+            np.int64(n_units),
+        ),
+        outputs=tuple(t for t in (y, final) if t is not None),
+        inputs=tuple(t for t in (x, init) if t is not None),
+        index_64=wide,
+        max_offset=max_off,
+    )
+    launcher(launch, x.device)
+    return y, final
+
+
+def backward(
+    dy: torch.Tensor,
+    dy_stride: int,
+    x: torch.Tensor,
+    x_stride: int,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    silu: bool,
+    grad_dtype: torch.dtype,
+    program: Program,
+    weight_grad_out: torch.Tensor | None = None,
+    bias_grad_out: torch.Tensor | None = None,
+    launcher: Launcher = CUDA,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx, dweight (C, K), dbias, dinitial_states.
+
+    With ``weight_grad_out`` (an fp32 (C, K) buffer, e.g. a main_grad), dweight/dbias are added
+    into the given buffers (one fp32 add of the canonical sum) and returned.
+    """
+    C, K = weight.shape
+    S = doc.S
+    has_bias = bias is not None
+    accumulate = weight_grad_out is not None
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if accumulate:
+        dw, db = weight_grad_out, bias_grad_out
+    else:
+        dw = torch.empty((C, K), dtype=grad_dtype, device=x.device)
+        db = torch.empty((C,), dtype=grad_dtype, device=x.device) if has_bias else None
+    dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format) if initial_states is not None else None
+    if S == 0:
+        if not accumulate:
+            dw.zero_()
+            if db is not None:
+                db.zero_()
+        return dx, dw, db, dinit
+    init = initial_states.contiguous() if initial_states is not None else None
+
+    vec = vector_width(x.element_size(), K, C, [x, dy, dx, init], [x_stride, dy_stride], bwd=True)
+    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    n_ctiles = math.ceil(C // vec / tile_v)
+    spl = program.slabs_per_lane
+    cta_level = 1 if spl == 1 else 2
+    root, nodes = tree_shape(S, cta_level)
+    n_units = nodes[cta_level] * n_ctiles
+    nb = K + (1 if has_bias else 0)
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
+    workspace = torch.empty(ws_elems, dtype=acc_dtype, device=x.device) if ws_elems else None
+    tickets = torch.zeros(n_tickets, dtype=torch.int32, device=x.device) if n_tickets else None
+    n_docs = doc.num_docs or 0
+    max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
+    wide = max_off >= 2**31
+    kernel = kernels.name_expression(
+        "conv1d_silu_bwd",
+        x.dtype,
+        weight.dtype,
+        dw.dtype,
+        K,
+        vec,
+        has_bias,
+        doc.mode,
+        init is not None,
+        silu,
+        "long long" if wide else "int",
+        spl,
+    )
+    smem = LANES * nb * tile_v * vec * (8 if acc_dtype == torch.float64 else 4)
+    launch = Launch(
+        source="conv1d_silu_bwd",
+        kernel=kernel,
+        grid=(n_units, 1, 1),
+        block=LANES * tile_v,
+        smem=smem,
+        args=(
+            x,
+            np.int64(x_stride),
+            dy,
+            np.int64(dy_stride),
+            weight.contiguous(),
+            None if bias is None else bias.contiguous(),
+            _table(doc),
+            np.int64(doc.row_len),
+            np.int32(n_docs),
+            init,
+            dx,
+            dinit,
+            dw,
+            db,
+            np.int32(1 if accumulate else 0),
+            workspace,
+            tickets,
+            np.int64(S),
+            np.int32(C),
+            np.int32(tile_v),
+            np.int32(n_ctiles),
+            np.int64(n_units),
+            np.int32(root),
+        ),
+        outputs=tuple(t for t in (dx, dinit) if t is not None),
+        inputs=tuple(t for t in (x, dy, init) if t is not None),
+        index_64=wide,
+        max_offset=max_off,
+        persistent=program.persistent,
+    )
+    if program.persistent:
+        per_sm = launcher.max_active_blocks(launch, x.device)
+        launch.grid = (min(n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
+    launcher(launch, x.device)
+    return dx, dw, db, dinit
+

@@ -1,0 +1,58 @@
+"""CUDA C++ kernel sources (one forward and one backward template) and their instantiation names."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+
+import torch
+
+KERNEL_DIR = Path(__file__).resolve().parent
+SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd")
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+CXX_TYPES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.bfloat16: "c1s::bf16",
+    torch.float16: "c1s::f16",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """The kernel source with its local includes inlined (so the text alone keys every cache)."""
+    seen: set[str] = set()
+
+    def expand(path: Path) -> str:
+        text = path.read_text()
+
+        def include(m: re.Match) -> str:
+            inc = m.group(1)
+            if inc in seen:
+                return ""
+            seen.add(inc)
+            return expand(KERNEL_DIR / inc)
+
+        return _INCLUDE.sub(include, text)
+
+    return expand(KERNEL_DIR / f"{name}.cu")
+
+
+def source_hash(name: str) -> str:
+    return hashlib.sha256(source(name).encode()).hexdigest()[:16]
+
+
+def cxx(value: object) -> str:
+    """A template argument in C++ spelling."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, torch.dtype):
+        return CXX_TYPES[value]
+    return str(value)
+
+
+def name_expression(kernel: str, *template_args: object) -> str:
+    return f"{kernel}<{', '.join(cxx(a) for a in template_args)}>"

@@ -1,0 +1,193 @@
+// Shared pieces of the forward and backward templates: number formats, vector access, the
+// activation, and the document walker. Compiled by NVRTC (no CUDA headers needed) and, for the
+// CPU kernel tests, by g++ with tests/emulator/cuda_emulator.h.
+#pragma once
+
+#define C1S_FN __device__ __forceinline__
+#ifndef CONV1D_SILU_EMULATE
+#define CONV1D_SILU_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+namespace c1s {
+
+// Document modes (conv1d_silu/documents.py).
+constexpr int SINGLE = 0, BATCH = 1, SEQ_IDX = 2, CU_SEQLENS = 3;
+// Canonical reduction (docs/kernel-design.md): tokens per slab and children per tree node.
+constexpr int SLAB = 32;
+constexpr int FAN = 8;
+constexpr int LANES = 8;  // thread rows per CTA: one tree node's children
+
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+// ---- conversions (round to nearest even on the way out) -------------------------------------
+template <typename To, typename From> struct Convert;
+template <> struct Convert<float, float> { static C1S_FN float run(float v) { return v; } };
+template <> struct Convert<double, double> { static C1S_FN double run(double v) { return v; } };
+template <> struct Convert<float, double> { static C1S_FN float run(double v) { return (float)v; } };
+template <> struct Convert<double, float> { static C1S_FN double run(float v) { return (double)v; } };
+#ifndef CONV1D_SILU_EMULATE
+template <> struct Convert<float, bf16> {
+  static C1S_FN float run(bf16 v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
+};
+template <> struct Convert<bf16, float> {
+  static C1S_FN bf16 run(float v) {
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+  }
+};
+template <> struct Convert<float, f16> {
+  static C1S_FN float run(f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+  }
+};
+template <> struct Convert<f16, float> {
+  static C1S_FN f16 run(float v) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+  }
+};
+#else
+template <> struct Convert<float, bf16> { static float run(bf16 v) { return emu::bf16_to_f32(v.bits); } };
+template <> struct Convert<bf16, float> { static bf16 run(float v) { return bf16{emu::f32_to_bf16(v)}; } };
+template <> struct Convert<float, f16> { static float run(f16 v) { return emu::f16_to_f32(v.bits); } };
+template <> struct Convert<f16, float> { static f16 run(float v) { return f16{emu::f32_to_f16(v)}; } };
+#endif
+template <typename To, typename From> C1S_FN To cvt(From v) { return Convert<To, From>::run(v); }
+
+// Arithmetic type: fp64 for fp64 data, fp32 otherwise.
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+C1S_FN float fma_(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+C1S_FN double fma_(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+C1S_FN float sigmoid(float z) { return __frcp_rn(1.0f + __expf(-z)); }
+C1S_FN double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+// ---- vectors of VEC elements (VEC * sizeof(T) <= 16 bytes, aligned) --------------------------
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
+template <typename A, typename T, int N, typename I>
+C1S_FN void load_vec(const T* __restrict__ base, I offset, A (&out)[N]) {
+  const Vec<T, N> r = *reinterpret_cast<const Vec<T, N>*>(base + offset);
+#pragma unroll
+  for (int e = 0; e < N; ++e) out[e] = cvt<A>(r.v[e]);
+}
+
+template <typename T, typename A, int N, typename I>
+C1S_FN void store_vec(T* __restrict__ base, I offset, const A (&in)[N]) {
+  Vec<T, N> r;
+#pragma unroll
+  for (int e = 0; e < N; ++e) r.v[e] = cvt<T>(in[e]);
+  *reinterpret_cast<Vec<T, N>*>(base + offset) = r;
+}
+
+// dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
+template <typename TG, typename A, int K, bool HAS_BIAS>
+C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate, int k, int c, A v) {
+  TG* out = k < K ? dw + (long long)c * K + k : db + c;
+  *out = cvt<TG>(accumulate ? cvt<A>(*out) + v : v);
+}
+
+template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }
+template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
+
+// ---- documents ----------------------------------------------------------------------------
+// Walks the packed token axis row by row for one thread. begin(r0) returns how many rows of the
+// current document precede r0 (capped at K-1); next(t), called for t = r0+1, r0+2, ... in order,
+// says whether a document starts at t; last(t) whether t ends its document. `state` is the
+// current document's row in initial_states / final_states, always in [0, n_docs).
+// Every table read is bounds-checked, so any table content is memory-safe.
+struct DocArgs {
+  const int* __restrict__ table;  // seq_idx (S) or cu_seqlens (n_docs + 1)
+  long long S;
+  long long row_len;  // tokens per batch row (BATCH / SEQ_IDX)
+  int n_docs;
+};
+
+template <int MODE> struct Docs;
+
+template <> struct Docs<SINGLE> {
+  int state = 0;
+  C1S_FN int begin(const DocArgs&, long long r0, int cap) { return (int)min_<long long>(r0, cap); }
+  C1S_FN bool next(const DocArgs&, long long) { return false; }
+  C1S_FN bool last(const DocArgs& a, long long t) { return t + 1 == a.S; }
+};
+
+template <> struct Docs<BATCH> {
+  int state = 0;
+  long long next_start = 0;
+  C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
+    const long long d = r0 / a.row_len;
+    state = (int)d;
+    next_start = (d + 1) * a.row_len;
+    return (int)min_<long long>(r0 - d * a.row_len, cap);
+  }
+  C1S_FN bool next(const DocArgs& a, long long t) {
+    if (t != next_start) return false;
+    ++state;
+    next_start += a.row_len;
+    return true;
+  }
+  C1S_FN bool last(const DocArgs&, long long t) { return t + 1 == next_start; }
+};
+
+template <> struct Docs<CU_SEQLENS> {
+  int state = 0;
+  long long next_start = 0;
+  C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
+    // Largest d with cu[d] <= r0 (skips empty documents).
+    int lo = 0, hi = a.n_docs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (a.table[mid] <= r0) lo = mid; else hi = mid - 1;
+    }
+    state = lo;
+    next_start = a.table[lo + 1];
+    return (int)min_<long long>(max_<long long>(r0 - a.table[lo], 0), cap);
+  }
+  C1S_FN bool next(const DocArgs& a, long long t) {
+    if (t < next_start) return false;
+    while (state + 1 < a.n_docs && a.table[state + 1] <= t) ++state;
+    next_start = max_<long long>(a.table[state + 1], t + 1);
+    return true;
+  }
+  C1S_FN bool last(const DocArgs&, long long t) { return t + 1 >= next_start; }
+};
+
+template <> struct Docs<SEQ_IDX> {
+  int state = 0;
+  int current = 0;
+  long long next_row = 0;  // next batch-row boundary
+  C1S_FN int clamp_state(const DocArgs& a, int v) { return a.n_docs > 0 ? min_(max_(v, 0), a.n_docs - 1) : 0; }
+  C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
+    const long long row0 = (r0 / a.row_len) * a.row_len;
+    next_row = row0 + a.row_len;
+    current = a.table[r0];
+    state = clamp_state(a, current);
+    int pos = 0;
+    while (pos < cap && r0 - pos - 1 >= row0 && a.table[r0 - pos - 1] == current) ++pos;
+    return pos;
+  }
+  C1S_FN bool next(const DocArgs& a, long long t) {
+    const int v = a.table[t];
+    bool start = v != current;
+    if (t == next_row) {
+      start = true;
+      next_row += a.row_len;
+    }
+    current = v;
+    state = clamp_state(a, v);
+    return start;
+  }
+  C1S_FN bool last(const DocArgs& a, long long t) {
+    return t + 1 == a.S || t + 1 == next_row || a.table[t + 1] != current;
+  }
+};
+
+}  // namespace c1s

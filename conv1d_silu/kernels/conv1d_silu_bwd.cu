@@ -1,0 +1,302 @@
+// Backward template: dx, dweight, dbias and d(initial_states), one template for every variant.
+//
+//   g[t]        = dy[t] * silu'(z[t])          (z recomputed from x; nothing else is saved)
+//   dx[u]       = sum_k w[k] * g[u + (K-1) - k]  (same document only; no cross-thread sum)
+//   dweight[k]  = sum_t g[t] * xx[t - (K-1) + k],  dbias = sum_t g[t]
+//
+// Canonical reduction (docs/kernel-design.md): dweight/dbias are fp32 (fp64) sums over slabs of
+// SLAB tokens, each summed by one thread in token order with FMAs; slab partials are folded by a
+// fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
+// depends on S only. Every program computes the same tree, so every program gives the same bits.
+//
+// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level cta_level
+// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
+// CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
+// ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
+// up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
+// order only the fold: no gradient value is ever summed atomically.
+#include "common.cuh"
+
+template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
+          bool SILU, typename I, int SPL>
+__global__ void __launch_bounds__(256) conv1d_silu_bwd(
+    const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
+    const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
+    long long row_len, int n_docs, const T* __restrict__ init, T* __restrict__ dx,
+    T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
+    void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, int C, int tile_v,
+    int n_ctiles, long long n_units, int root_level) {
+  using namespace c1s;
+  using A = typename Acc<T>::type;
+  constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
+  constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
+  static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
+  constexpr long long LANE_ROWS = (long long)SPL * SLAB;
+  constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
+
+  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC]
+  __shared__ int last_flag;
+  A* ws = reinterpret_cast<A*>(workspace);
+
+  const DocArgs da{table, S, row_len, n_docs};
+  const int lane = threadIdx.x / tile_v;
+  const int vl = threadIdx.x - lane * tile_v;
+  const int tile_c = tile_v * VEC;
+  const long long n_slabs = (S + SLAB - 1) / SLAB;
+
+  for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
+    const int ct = (int)(unit % n_ctiles);
+    const long long node = unit / n_ctiles;
+    const int c0 = (ct * tile_v + vl) * VEC;
+    const long long r0 = (node * LANES + lane) * LANE_ROWS;
+    const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
+    A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
+
+    A acc[NB][VEC];
+#pragma unroll
+    for (int k = 0; k < NB; ++k)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[k][e] = A(0);
+
+    if (c0 < C && r0 < S) {
+      A wv[K][VEC], bv[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(w[(c0 + e) * K + k]);
+        bv[e] = HAS_BIAS ? cvt<A>(bias[c0 + e]) : A(0);
+      }
+
+      // Windows over rows t-(K-1) .. t: xw = xx, gw = g, did = document ordinal (-2: before r0,
+      // -1: past S), and for the initial-state gradient: sf = a document starts there, sid = its
+      // state row.
+      Docs<MODE> docs;
+      const int pos0 = docs.begin(da, r0, K - 1);
+      A xw[K][VEC], gw[K][VEC];
+      int did[K], sid[K];
+      bool sf[K];
+#pragma unroll
+      for (int m = 0; m < K; ++m) {
+        did[m] = -2;
+        sid[m] = 0;
+        sf[m] = false;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) gw[m][e] = A(0);
+      }
+#pragma unroll
+      for (int m = 0; m < K - 1; ++m) {
+        if (K - 1 - m <= pos0) {
+          load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
+        } else if (HAS_INIT) {
+          load_vec(init, ((I)docs.state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
+        }
+      }
+      int ordinal = 0;
+
+      // One token t: extend the windows, accumulate the slab partial if t is an own row, emit
+      // dx[t-(K-1)] and the initial-state gradients that complete at t.
+      auto step = [&](long long t, bool own) {
+        A g[VEC];
+        int d_new = -1, s_new = 0;
+        bool start = false;
+        if (t < S) {
+          A xv[VEC], dv[VEC];
+          load_vec(x, (I)t * (I)x_rs + c0, xv);
+          load_vec(dy, (I)t * (I)dy_rs + c0, dv);
+          if (t == r0) {
+            start = pos0 == 0;
+          } else if (docs.next(da, t)) {
+            start = true;
+            ++ordinal;
+#pragma unroll
+            for (int m = 0; m < K - 1; ++m) {
+              if (HAS_INIT) {
+                load_vec(init, ((I)docs.state * (K - 1) + m) * (I)C + c0, xw[m + 1]);
+              } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
+              }
+            }
+          }
+#pragma unroll
+          for (int m = 0; m < K - 1; ++m)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) xw[m][e] = xw[m + 1][e];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            xw[K - 1][e] = xv[e];
+            if (SILU) {
+              A z = bv[e];
+#pragma unroll
+              for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xw[k][e], z);
+              const A s = sigmoid(z);
+              g[e] = dv[e] * (s * (A(1) + z * (A(1) - s)));
+            } else {
+              g[e] = dv[e];
+            }
+          }
+          if (own) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+              for (int k = 0; k < K; ++k) acc[k][e] = fma_(g[e], xw[k][e], acc[k][e]);
+              if (HAS_BIAS) acc[NB - 1][e] += g[e];
+            }
+          }
+          d_new = ordinal;
+          s_new = docs.state;
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) g[e] = A(0);
+        }
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) {
+          did[m] = did[m + 1];
+          sid[m] = sid[m + 1];
+          sf[m] = sf[m + 1];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) gw[m][e] = gw[m + 1][e];
+        }
+        did[K - 1] = d_new;
+        sid[K - 1] = s_new;
+        sf[K - 1] = start;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) gw[K - 1][e] = g[e];
+
+        const long long u = t - (K - 1);
+        if (u >= r0 && u < r_end) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+          A dxv[VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            A s = A(0);
+#pragma unroll
+            for (int m = 0; m < K; ++m)
+              if (did[m] == did[0]) s = fma_(wv[K - 1 - m][e], gw[m][e], s);
+            dxv[e] = s;
+          }
+          store_vec(dx, (I)u * (I)C + c0, dxv);
+        }
+        if (HAS_INIT) {
+          // A document starting at row t-(K-1)+m (m >= 1) completes its initial-state row K-1-m.
+#pragma unroll
+          for (int m = 1; m < K; ++m) {
+            const long long rm = t - (K - 1) + m;
+            if (sf[m] && rm >= r0 && rm < r_end) {
+              A dv[VEC];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                A s = A(0);
+#pragma unroll
+                for (int q = m; q < K; ++q)
+                  if (did[q] == did[m]) s = fma_(wv[K - 1 - q][e], gw[q][e], s);
+                dv[e] = s;
+              }
+              store_vec(dinit, ((I)sid[m] * (K - 1) + (K - 1 - m)) * (I)C + c0, dv);
+            }
+          }
+        }
+      };
+
+      long long t_next = r0;  // the next token to step (the tail continues from it)
+      for (int s = 0; s < SPL; ++s) {
+        const long long base = r0 + (long long)s * SLAB;
+        if (base >= S) break;
+        t_next = base + SLAB;
+        if (base + SLAB <= S) {
+#pragma unroll 8
+          for (int j = 0; j < SLAB; ++j) step(base + j, true);
+        } else {
+          for (int j = 0; j < SLAB; ++j) step(base + j, base + j < S);
+        }
+        if (SPL > 1) {  // fold slab s into the lane's level-1 node (index order, in the slot)
+#pragma unroll
+          for (int k = 0; k < NB; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              my_slot[k * tile_c + e] = s == 0 ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
+              acc[k][e] = A(0);
+            }
+        }
+      }
+      // Tail: g of the next K-1 tokens completes dx of the last own rows (and initial states).
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) step(t_next + j, false);
+    }
+
+    // Node value of this lane: its slab partial (SPL = 1) or its level-1 node (SPL = 8, the
+    // slot already holds the folds of the slabs it walked; slabs past S fold as +0).
+    if (c0 < C) {
+      if (SPL == 1 || r0 >= S) {
+#pragma unroll
+        for (int k = 0; k < NB; ++k)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
+      } else {
+        // Slabs past S (a lane that stopped early) fold as +0: x + (+0) in index order.
+        const long long walked = (S - r0 + SLAB - 1) / SLAB;
+        for (long long s = walked; s < SPL; ++s)
+#pragma unroll
+          for (int k = 0; k < NB; ++k)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = my_slot[k * tile_c + e] + A(0);
+      }
+    }
+    __syncthreads();
+
+    // Fold the LANES lane values into this CTA's node, then climb the tree by tickets.
+    const int c_base = ct * tile_c;
+    const int n_vals = NB * tile_c;
+    long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
+    long long ws_off = 0;    // workspace offset of the current level
+    long long tk_off = 0;    // ticket offset of the parent level
+    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
+      const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
+      if (c >= C) continue;
+      A v = slot[k * tile_c + cl];
+#pragma unroll
+      for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
+      if (CTA_LEVEL == root_level) {
+        write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+      } else {
+        ws[ws_off + (node * NB + k) * C + c] = v;
+      }
+    }
+    long long idx = node;
+    for (int level = CTA_LEVEL; level < root_level; ++level) {
+      __threadfence();
+      __syncthreads();
+      const long long parent = idx / FAN;
+      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+      if (threadIdx.x == 0) {
+        const unsigned int prev = atomicAdd(&tickets[tk_off + parent * n_ctiles + ct], 1u);
+        last_flag = prev + 1 == (unsigned int)children;
+      }
+      __syncthreads();
+      if (!last_flag) break;
+      __threadfence();
+      const long long parent_off = ws_off + n_level * NB * C;
+      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
+        const int k = i / tile_c, c = c_base + (i - k * tile_c);
+        if (c >= C) continue;
+        A v = __ldcg(&ws[ws_off + (parent * FAN * NB + k) * C + c]);
+#pragma unroll
+        for (int j = 1; j < FAN; ++j)
+          v += j < children ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
+        if (level + 1 == root_level) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        } else {
+          ws[parent_off + (parent * NB + k) * C + c] = v;
+        }
+      }
+      ws_off = parent_off;
+      tk_off += ((n_level + FAN - 1) / FAN) * n_ctiles;
+      n_level = (n_level + FAN - 1) / FAN;
+      idx = parent;
+    }
+    __syncthreads();  // the slots and last_flag are reused by the next unit
+  }
+}

@@ -1,0 +1,248 @@
+"""Implementations and ``torch.library`` custom ops.
+
+``forward_impl`` / ``backward_impl`` pick a program (forced, or by the route table for CUDA
+tensors; the PyTorch reference on the CPU) and run it. The custom ops wrap them for the
+dispatcher: real kernels for every device, fake kernels (shape arithmetic only) for
+torch.compile, and autograd on the forward op (see autograd.py).
+
+Ops (namespace ``conv1d_silu``):
+
+* ``fwd``            -> (y, final_states)            final_states is (0, K-1, C) when not asked for
+* ``bwd``            -> (dx, dweight, dbias, dinitial) absent ones are empty tensors
+* ``bwd_main_grad``  -> (dx, dinitial), adding dweight/dbias into fp32 buffers (mutates them)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import config, gpu, reference, routes
+from .documents import DocTable, doc_table
+from .validation import row_stride
+
+Tensor_ = Optional[Tensor]
+
+
+_launcher: gpu.Launcher = gpu.CUDA
+_emulated_arch: str | None = None  # set while the kernel tests run the CUDA path on CPU tensors
+
+
+@contextlib.contextmanager
+def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
+    """Send kernel launches to ``launcher``; with ``emulate_arch``, CPU tensors take the CUDA path
+    as if on that arch (the tests' CPU emulator of the kernels)."""
+    global _launcher, _emulated_arch
+    saved = _launcher, _emulated_arch
+    _launcher, _emulated_arch = launcher, emulate_arch
+    try:
+        yield
+    finally:
+        _launcher, _emulated_arch = saved
+
+
+def _arch(device: torch.device) -> str:
+    if device.type != "cuda":
+        return _emulated_arch
+    return routes.arch_of(torch.cuda.get_device_capability(device))
+
+
+def choose(
+    direction: str,
+    x: Tensor,
+    weight: Tensor,
+    has_bias: bool,
+    doc: DocTable,
+    fp32_grads: bool,
+    program: str | None,
+) -> routes.Program:
+    """The program for this call: forced by argument or ``CONV1D_SILU_PROGRAM``, else routed."""
+    kernels = x.is_cuda or _emulated_arch is not None
+    forced = routes.forced(program or config.forced_program(), direction, kernels)
+    if forced is not None:
+        return forced
+    if not kernels:
+        return routes.PROGRAMS["reference"]
+    variant = routes.variant_name(direction, has_bias, doc.table is not None, fp32_grads)
+    C, K = weight.shape
+    return routes.select(_arch(x.device), variant, C, doc.S, K, routes.dtype_name(x.dtype))
+
+
+def forward_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    doc: DocTable,
+    initial_states: Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+    program: str | None,
+) -> tuple[Tensor, Tensor | None]:
+    prog = choose("fwd", x, weight, bias is not None, doc, False, program)
+    if not prog.cuda:
+        return reference.forward(x, weight, bias, doc, initial_states, return_final_states, silu)
+    return gpu.forward(
+        x, weight, bias, doc, initial_states, return_final_states, silu, prog, row_stride(x), _launcher
+    )
+
+
+def readable(t: Tensor) -> tuple[Tensor, int]:
+    """The tensor and its row stride, copied to contiguous only when the kernels cannot read it."""
+    rs = row_stride(t)
+    if rs is None:
+        t = t.contiguous()
+        rs = t.shape[-1]
+    return t, rs
+
+
+def backward_impl(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    doc: DocTable,
+    initial_states: Tensor | None,
+    dfinal: Tensor | None,
+    silu: bool,
+    grad_dtype: torch.dtype,
+    program: str | None,
+    weight_grad_out: Tensor | None = None,
+    bias_grad_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """dx, dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias grads are
+    added into the given fp32 buffers instead."""
+    fp32_grads = grad_dtype == torch.float32 and weight.dtype != torch.float32 or weight_grad_out is not None
+    prog = choose("bwd", x, weight, bias is not None, doc, fp32_grads, program)
+    if not prog.cuda:
+        out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
+        dx, dw, db, dinit = reference.backward(dy, x, weight, bias, doc, initial_states, dfinal, silu, out_dtype)
+        if weight_grad_out is not None:
+            weight_grad_out.add_(dw)
+            if bias_grad_out is not None:
+                bias_grad_out.add_(db)
+            dw, db = weight_grad_out, bias_grad_out
+        return dx, dw, db, dinit
+    dy, dy_rs = readable(dy)
+    dx, dw, db, dinit = gpu.backward(
+        dy, dy_rs, x, row_stride(x), weight, bias, doc, initial_states, silu, grad_dtype, prog,
+        weight_grad_out, bias_grad_out, _launcher,
+    )
+    if dfinal is not None:
+        reference.add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])
+    return dx, dw, db, dinit
+
+
+# ---- custom ops ---------------------------------------------------------------------------
+
+
+def _num_docs(x: Tensor, cu_seqlens: Tensor_, initial_states: Tensor_) -> int:
+    if cu_seqlens is not None:
+        return cu_seqlens.shape[0] - 1
+    if initial_states is not None:
+        return initial_states.shape[0]
+    return x.shape[0] if x.dim() == 3 else 1
+
+
+@torch.library.custom_op("conv1d_silu::fwd", mutates_args=())
+def fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor_,
+    seq_idx: Tensor_,
+    cu_seqlens: Tensor_,
+    initial_states: Tensor_,
+    weight_main_grad: Tensor_,
+    bias_main_grad: Tensor_,
+    return_final_states: bool,
+    silu: bool,
+    fp32_grads: bool,
+    program: Optional[str],
+) -> tuple[Tensor, Tensor]:
+    """Forward: y = act(conv(x)) and the final states (empty when not asked for).
+
+    ``weight_main_grad`` / ``bias_main_grad`` / ``fp32_grads`` are not read here: they tell the
+    registered backward where and how to put the weight gradients."""
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    y, final = forward_impl(x, weight, bias, doc, initial_states, return_final_states, silu, program)
+    if final is None:
+        C, K = weight.shape
+        final = x.new_empty((0, K - 1, C))
+    return y, final
+
+
+@fwd.register_fake
+def _fwd_fake(
+    x, weight, bias, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu, fp32_grads, program
+):
+    C, K = weight.shape
+    n = _num_docs(x, cu_seqlens, initial_states) if return_final_states else 0
+    return x.new_empty(x.shape), x.new_empty((n, K - 1, C))
+
+
+def _bwd_outputs(x, weight, bias, initial_states, grad_dtype):
+    C, K = weight.shape
+    dinit = x.new_empty((0, K - 1, C)) if initial_states is None else x.new_empty(initial_states.shape)
+    db = weight.new_empty((0,), dtype=grad_dtype) if bias is None else weight.new_empty((C,), dtype=grad_dtype)
+    return x.new_empty(x.shape), weight.new_empty((C, K), dtype=grad_dtype), db, dinit
+
+
+@torch.library.custom_op("conv1d_silu::bwd", mutates_args=())
+def bwd(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor_,
+    seq_idx: Tensor_,
+    cu_seqlens: Tensor_,
+    initial_states: Tensor_,
+    dfinal: Tensor_,
+    silu: bool,
+    fp32_grads: bool,
+    program: Optional[str],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward: dx, dweight (C, K), dbias ((0,) without bias), dinitial ((0, K-1, C) without)."""
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    grad_dtype = torch.float32 if fp32_grads else weight.dtype
+    dx, dw, db, dinit = backward_impl(dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, program)
+    empty = _bwd_outputs(x, weight, bias, initial_states, grad_dtype)
+    return dx, dw, empty[2] if db is None else db, empty[3] if dinit is None else dinit
+
+
+@bwd.register_fake
+def _bwd_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, silu, fp32_grads, program):
+    return _bwd_outputs(x, weight, bias, initial_states, torch.float32 if fp32_grads else weight.dtype)
+
+
+@torch.library.custom_op("conv1d_silu::bwd_main_grad", mutates_args=("weight_main_grad", "bias_main_grad"))
+def bwd_main_grad(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor_,
+    seq_idx: Tensor_,
+    cu_seqlens: Tensor_,
+    initial_states: Tensor_,
+    dfinal: Tensor_,
+    weight_main_grad: Tensor,
+    bias_main_grad: Tensor_,
+    silu: bool,
+    program: Optional[str],
+) -> tuple[Tensor, Tensor]:
+    """Backward that adds dweight/dbias (fp32) into ``weight_main_grad`` (C, K) / ``bias_main_grad``."""
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    dx, _, _, dinit = backward_impl(
+        dy, x, weight, bias, doc, initial_states, dfinal, silu, torch.float32, program,
+        weight_main_grad, bias_main_grad,
+    )
+    C, K = weight.shape
+    return dx, x.new_empty((0, K - 1, C)) if dinit is None else dinit
+
+
+@bwd_main_grad.register_fake
+def _bwd_main_grad_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, wmg, bmg, silu, program):
+    C, K = weight.shape
+    dinit = x.new_empty((0, K - 1, C)) if initial_states is None else x.new_empty(initial_states.shape)
+    return x.new_empty(x.shape), dinit

@@ -1,0 +1,189 @@
+"""Pure-PyTorch reference of the op (DESIGN.md section 1): forward and an explicit backward.
+
+It is the CPU implementation of the custom ops and the oracle of the GPU tests. It runs on any
+device, in fp32 arithmetic (fp64 for fp64 inputs), and casts each output once at the end.
+
+For token ``t`` of document ``d`` (first token ``s_d``) and tap ``k``::
+
+    z[t] = bias + sum_k weight[:, k] * xx[t - (K-1) + k]
+    y[t] = silu(z[t])
+
+where ``xx[u] = x[u]`` inside the document and, before its start, initial state row
+``(K-1) - (s_d - u)`` of the document (or 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .documents import DocTable, doc_spans, doc_table, token_positions
+
+__all__ = ["causal_conv1d_silu_ref", "forward", "backward"]
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic dtype: fp64 for fp64 inputs, fp32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _taps(x2, K, pos, state, init):
+    """The K shifted inputs ``xx[t - (K-1) + k]`` as (S, C) tensors in the arithmetic dtype."""
+    S, C = x2.shape
+    taps = []
+    for k in range(K):
+        shift = K - 1 - k
+        shifted = torch.zeros_like(x2)
+        if S > shift:
+            shifted[shift:] = x2[: S - shift]
+        inside = (pos >= shift).unsqueeze(1)
+        if init is None:
+            taps.append(torch.where(inside, shifted, torch.zeros_like(shifted)))
+        else:
+            row = (pos + k).clamp(max=K - 2)
+            taps.append(torch.where(inside, shifted, init[state.clamp(0, init.shape[0] - 1), row]))
+    return taps
+
+
+def _silu_grad(z: torch.Tensor) -> torch.Tensor:
+    sig = torch.sigmoid(z)
+    return sig * (1 + z * (1 - sig))
+
+
+def _final_state_sources(doc: DocTable, K: int, device: torch.device):
+    """For each (document, state row j): the token it copies, or -1 with the initial-state row."""
+    start, end = doc_spans(doc, device)
+    j = torch.arange(K - 1, device=device)
+    src = end.unsqueeze(1) - (K - 1) + j  # (N, K-1)
+    from_x = src >= start.unsqueeze(1)
+    init_row = j + (end - start).unsqueeze(1)  # valid where not from_x
+    return src, from_x, init_row
+
+
+def add_final_state_grads(
+    dx2: torch.Tensor, dinit: torch.Tensor | None, dfinal: torch.Tensor, doc: DocTable, K: int
+) -> None:
+    """Add the gradient of final_states into dx2 (S, C) and dinit, in place.
+
+    final_states[d, j] copies one token of document d (or one of its initial state rows when the
+    document is shorter than K-1), so every gradient element lands on one distinct place: the
+    accumulating index_put_ adds exactly one value per element (no host sync, deterministic).
+    """
+    src, from_x, init_row = _final_state_sources(doc, K, dfinal.device)
+    zero = torch.zeros((), dtype=dfinal.dtype, device=dfinal.device)
+    if doc.S > 0:
+        on_x = torch.where(from_x.unsqueeze(2), dfinal, zero)
+        dx2.index_put_((src.clamp(0, doc.S - 1).flatten(),), on_x.flatten(0, 1).to(dx2.dtype), accumulate=True)
+    if dinit is not None:
+        n = torch.arange(src.shape[0], device=src.device).unsqueeze(1).expand_as(src)
+        on_init = torch.where(from_x.unsqueeze(2), zero, dfinal)
+        rows = (n * (K - 1) + init_row.clamp(max=K - 2)).flatten()
+        dinit.view(-1, dinit.shape[-1]).index_put_((rows,), on_init.flatten(0, 1).to(dinit.dtype), accumulate=True)
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference forward. ``weight`` is (C, K). Returns (y, final_states or None)."""
+    C, K = weight.shape
+    acc = acc_dtype(x.dtype)
+    x2 = x.reshape(doc.S, C).to(acc)
+    pos, state = token_positions(doc, x.device)
+    init = None if initial_states is None else initial_states.to(acc)
+    taps = _taps(x2, K, pos, state, init)
+    w = weight.to(acc)
+    z = torch.zeros_like(x2) if bias is None else bias.to(acc).expand_as(x2).clone()
+    for k in range(K):
+        z = z + w[:, k] * taps[k]
+    y = F.silu(z) if silu else z
+    final = None
+    if return_final_states:
+        src, from_x, init_row = _final_state_sources(doc, K, x.device)
+        gathered = x2[src.clamp(0, max(doc.S - 1, 0))] if doc.S > 0 else x2.new_zeros(*src.shape, C)
+        if init is None:
+            fallback = torch.zeros_like(gathered)
+        else:
+            n = torch.arange(src.shape[0], device=x.device).unsqueeze(1).expand_as(src)
+            fallback = init[n, init_row.clamp(max=K - 2)]
+        final = torch.where(from_x.unsqueeze(2), gathered, fallback).to(x.dtype)
+    return y.to(x.dtype).reshape(x.shape), final
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    dfinal: torch.Tensor | None,
+    silu: bool,
+    grad_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Reference backward (recomputes z from x). Returns (dx, dweight (C, K), dbias, dinitial)."""
+    C, K = weight.shape
+    acc = acc_dtype(x.dtype)
+    S = doc.S
+    x2 = x.reshape(S, C).to(acc)
+    g = dy.reshape(S, C).to(acc)
+    pos, state = token_positions(doc, x.device)
+    init = None if initial_states is None else initial_states.to(acc)
+    taps = _taps(x2, K, pos, state, init)
+    w = weight.to(acc)
+    if silu:
+        z = torch.zeros_like(x2) if bias is None else bias.to(acc).expand_as(x2).clone()
+        for k in range(K):
+            z = z + w[:, k] * taps[k]
+        g = g * _silu_grad(z)
+
+    dx = torch.zeros_like(x2)
+    dinit = None if init is None else torch.zeros_like(init)
+    for k in range(K):
+        shift = K - 1 - k
+        inside = (pos >= shift).unsqueeze(1)
+        contrib = w[:, k] * g
+        if S > shift:
+            dx[: S - shift] += torch.where(inside, contrib, torch.zeros_like(contrib))[shift:]
+        if dinit is not None:
+            outside = ~inside.squeeze(1)
+            rows = state[outside].clamp(0, dinit.shape[0] - 1) * (K - 1) + (pos[outside] + k)
+            dinit.view(-1, C).index_add_(0, rows, contrib[outside])
+    dweight = torch.stack([(g * taps[k]).sum(0) for k in range(K)], dim=1)
+    dbias = None if bias is None else g.sum(0)
+
+    if dfinal is not None:
+        add_final_state_grads(dx, dinit, dfinal, doc, K)
+
+    dx = dx.to(x.dtype).reshape(x.shape)
+    dweight = dweight.to(grad_dtype)
+    dbias = None if dbias is None else dbias.to(grad_dtype)
+    dinit = None if dinit is None else dinit.to(initial_states.dtype)
+    return dx, dweight, dbias, dinit
+
+
+def causal_conv1d_silu_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    return_final_states: bool = False,
+    activation: str | None = "silu",
+):
+    """Reference forward with the public API's arguments (no autograd of its own).
+
+    Equivalent to, per document, ``F.silu(F.conv1d(F.pad(x.T, (K-1, 0)), w.unsqueeze(1), b,
+    groups=C)).T`` with the padding replaced by the initial states when given.
+    """
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    y, final = forward(x, w, bias, doc, initial_states, return_final_states, activation is not None)
+    return (y, final) if return_final_states else y

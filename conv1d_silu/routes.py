@@ -1,0 +1,207 @@
+"""Programs and the route table (DESIGN.md section 5). Pure Python: testable without a GPU.
+
+A *program* is a kernel entry point plus its launch geometry. A *route* maps (arch, variant) to
+an ordered list of rules; each rule names a program with a channel band ``[c_lo, c_hi)``, a token
+floor ``s_min`` and optional dtype / K conditions. The first matching rule wins; every route ends
+in a default rule that matches everything.
+
+All backward programs compute dweight/dbias with the same canonical reduction (see
+``docs/kernel-design.md``), so a route changes speed, never bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import logger
+
+INF = 1 << 62
+
+
+@dataclass(frozen=True)
+class Program:
+    """One kernel entry point and its launch geometry."""
+
+    name: str
+    direction: str  # "fwd" or "bwd"
+    description: str
+    cuda: bool = True  # False: the PyTorch reference (any device)
+    max_tile_vectors: int = 32  # channel vectors per CTA; threads = LANES * tile vectors
+    rows_per_lane: int = 32  # forward: tokens one thread walks
+    slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
+    persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
+
+
+LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
+
+
+PROGRAMS: dict[str, Program] = {
+    p.name: p
+    for p in (
+        Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
+        Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
+        Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
+        Program(
+            "rowgroup_long",
+            "bwd",
+            "row groups of 64 slabs (8 per thread) x channel tiles, one CTA per group",
+            slabs_per_lane=8,
+        ),
+        Program(
+            "rowgroup_sm",
+            "bwd",
+            "SM-wide: persistent 1-D grid (CTAs per SM), 256 threads, each CTA walking groups of 8 slabs",
+            persistent=True,
+        ),
+        Program(
+            "rowgroup_sm_long",
+            "bwd",
+            "SM-wide: persistent 1-D grid, 256 threads, groups of 64 slabs (8 per thread)",
+            persistent=True,
+            slabs_per_lane=8,
+        ),
+    )
+}
+
+VARIANTS = ("fwd", "fwd_bias", "fwd_dt", "bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
+ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")
+
+
+def variant_name(direction: str, bias: bool, documents: bool, fp32_grads: bool = False) -> str:
+    """The seed's variant name for a call. A document table names the variant (``*_dt``), then
+    fp32 weight grads (``bwd*_fp32g``), then bias; every combination runs, this only routes it."""
+    if documents:
+        return f"{direction}_dt"
+    if direction == "bwd" and fp32_grads:
+        return "bwd_bias_fp32g" if bias else "bwd_fp32g"
+    return f"{direction}_bias" if bias else direction
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Use ``program`` for c_lo <= C < c_hi and S >= s_min (and the dtype / K sets when given)."""
+
+    program: str
+    c_lo: int = 0
+    c_hi: int = INF
+    s_min: int = 0
+    dtypes: frozenset[str] | None = None  # x dtype names, e.g. {"bfloat16"}
+    ks: frozenset[int] | None = None
+    why: str = field(default="", compare=False)
+
+    def matches(self, C: int, S: int, K: int, dtype: str) -> bool:
+        return (
+            self.c_lo <= C < self.c_hi
+            and S >= self.s_min
+            and (self.dtypes is None or dtype in self.dtypes)
+            and (self.ks is None or K in self.ks)
+        )
+
+    @property
+    def is_default(self) -> bool:
+        return (self.c_lo, self.c_hi, self.s_min, self.dtypes, self.ks) == (0, INF, 0, None, None)
+
+
+FWD_DEFAULT = Rule("fwd_rows", why="the one forward program")
+BWD_DEFAULT = Rule("rowgroup", why="default backward program")
+
+
+def _plain(variants=VARIANTS) -> dict[str, tuple[Rule, ...]]:
+    return {v: ((FWD_DEFAULT,) if v.startswith("fwd") else (BWD_DEFAULT,)) for v in variants}
+
+
+def _sm107a() -> dict[str, tuple[Rule, ...]]:
+    # The seed's measured rule for sm_107a, verbatim: only the default deterministic backward.
+    routes = _plain()
+    seed = "seed rule (sm_107a measurements)"
+    routes["bwd"] = (
+        Rule("rowgroup_sm", 264, 296, 32768, why=seed),
+        Rule("rowgroup_sm", 344, 416, 32768, why=seed),
+        Rule("rowgroup_sm_long", 256, 257, 262144, why=seed + ": second token-floored program, C = 256"),
+        BWD_DEFAULT,
+    )
+    return routes
+
+
+def _sm90() -> dict[str, tuple[Rule, ...]]:
+    from . import routes_sm90  # measured rows written by `python -m conv1d_silu.tune`
+
+    routes = _plain()
+    for variant, rules in routes_sm90.ROUTES.items():
+        routes[variant] = tuple(rules) + routes[variant]
+    return routes
+
+
+def route_table() -> dict[str, dict[str, tuple[Rule, ...]]]:
+    """arch -> variant -> ordered rules (each ending in a default)."""
+    return {
+        "sm_90": _sm90(),
+        "sm_100a": _plain(),
+        "sm_103a": _plain(),
+        "sm_107a": _sm107a(),
+        "generic": _plain(),
+    }
+
+
+ROUTES = route_table()
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """Route-table arch name of a CUDA compute capability (unknown ones map to 'generic')."""
+    major, minor = capability
+    name = f"sm_{major}{minor}" if major < 10 else f"sm_{major}{minor}a"
+    return name if name in ROUTES else "generic"
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unknown(arch: str) -> None:
+    logger.warning("conv1d_silu: no route table for arch %r; using the generic route", arch)
+
+
+def rule_for(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Rule:
+    """The first rule of the route that matches."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    if arch not in ROUTES:
+        _warn_unknown(arch)
+        arch = "generic"
+    for rule in ROUTES[arch][variant]:
+        if rule.matches(C, S, K, dtype):
+            return rule
+    raise AssertionError(f"route {arch}/{variant} has no default")  # pragma: no cover
+
+
+def select(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Program:
+    """The program that runs ``variant`` on ``arch`` for C channels and S tokens."""
+    return PROGRAMS[rule_for(arch, variant, C, S, K, dtype).program]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def forced(name: str | None, direction: str, on_cuda: bool) -> Program | None:
+    """The program forced by name for this direction (None: not forced or forced for the other one).
+
+    Raises ValueError for unknown names and for CUDA programs on CPU tensors.
+    """
+    if name is None:
+        return None
+    program = PROGRAMS.get(name)
+    if program is None:
+        raise ValueError(f"program: expected one of {sorted(PROGRAMS)}, got {name!r}")
+    if program.cuda and not on_cuda:
+        raise ValueError(f"program: {name!r} runs on CUDA tensors only, got tensors on the CPU")
+    if program.direction not in (direction, "any"):
+        return None
+    return program
+
+
+def tile_vectors(n_vectors: int, cap: int) -> int:
+    """Balanced channel tile: the fewest tiles of at most ``cap`` vectors, split evenly."""
+    tiles = max(1, math.ceil(n_vectors / cap))
+    return math.ceil(n_vectors / tiles)

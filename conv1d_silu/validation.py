@@ -1,0 +1,197 @@
+"""Argument checks of the public entry points (DESIGN.md section 7).
+
+Every check runs before any allocation or launch and raises ``TypeError`` (wrong type / dtype) or
+``ValueError`` (wrong shape, layout, value), naming the argument with expected vs got.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import config
+from .documents import DocTable, check_table_contents, doc_table
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+K_MIN, K_MAX = 2, 8
+ACTIVATIONS = {"silu": True, "swish": True, None: False, "identity": False}
+
+
+def fail(arg: str, expected: str, got: object, exc: type[Exception] = ValueError) -> None:
+    raise exc(f"{arg}: expected {expected}, got {got}")
+
+
+def _tensor(arg: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        fail(arg, "a torch.Tensor", type(t).__name__, TypeError)
+    return t
+
+
+def _same_device(arg: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    if t.device != x.device:
+        fail(arg, f"a tensor on {x.device} (the device of x)", t.device)
+
+
+def activation_flag(activation: object) -> bool:
+    """True for SiLU, False for identity; raises for anything else."""
+    if activation not in ACTIVATIONS:
+        fail("activation", "'silu', 'swish' or None", repr(activation))
+    return ACTIVATIONS[activation]
+
+
+def weight_2d(weight: object, C: int | None = None) -> torch.Tensor:
+    """Accept (C, K) or nn.Conv1d's (C, 1, K) weight; return the (C, K) view."""
+    w = _tensor("weight", weight)
+    if w.dim() == 3 and w.shape[1] == 1:
+        w = w[:, 0, :]
+    elif w.dim() != 2:
+        fail("weight", "shape (C, K) or (C, 1, K)", tuple(w.shape))
+    if C is not None and w.shape[0] != C:
+        fail("weight", f"{C} channels (x.shape[-1]) in weight.shape[0]", w.shape[0])
+    if not K_MIN <= w.shape[1] <= K_MAX:
+        fail("weight", f"kernel size K in [{K_MIN}, {K_MAX}] (weight.shape[-1])", w.shape[1])
+    return w
+
+
+def row_stride(t: torch.Tensor) -> int | None:
+    """Elements between consecutive packed tokens of a (S, C) or (B, L, C) tensor.
+
+    None when the kernels cannot read it in place: channel stride != 1, tokens not evenly spaced,
+    or rows overlapping (token stride < C).
+    """
+    C = t.shape[-1]
+    if C > 1 and t.stride(-1) != 1:
+        return None
+    if t.dim() == 2:
+        rs = t.stride(0) if t.shape[0] > 1 else C
+    else:
+        B, L = t.shape[0], t.shape[1]
+        if L > 1:
+            rs = t.stride(1)
+            if B > 1 and t.stride(0) != L * rs:
+                return None
+        else:
+            rs = t.stride(0) if B > 1 else C
+    return rs if rs >= C else None
+
+
+def check_x_layout(x: torch.Tensor) -> None:
+    """x is read in place: channel stride 1, evenly spaced tokens at a stride >= C."""
+    if row_stride(x) is None:
+        fail(
+            "x",
+            "channel stride 1 and evenly spaced tokens with token stride >= C "
+            "(for 3-D x, batch stride = L * token stride); call .contiguous()",
+            f"strides {tuple(x.stride())} for shape {tuple(x.shape)}",
+        )
+
+
+def check_inputs(
+    x: object,
+    weight: object,
+    bias: object,
+    seq_idx: object,
+    cu_seqlens: object,
+    initial_states: object,
+    return_final_states: bool,
+    activation: object,
+    grad_dtype: object,
+    program: object,
+) -> tuple[torch.Tensor, bool, DocTable]:
+    """Validate the public arguments; return the (C, K) weight, the SiLU flag and the doc table."""
+    x = _tensor("x", x)
+    if x.dtype not in FLOAT_DTYPES:
+        fail("x", "dtype float32, float16, bfloat16 or float64", x.dtype, TypeError)
+    if x.dim() not in (2, 3):
+        fail("x", "shape (S, C) or (B, L, C)", tuple(x.shape))
+    C = x.shape[-1]
+    if C < 1:
+        fail("x", "at least one channel (x.shape[-1] >= 1)", C)
+    check_x_layout(x)
+    w = weight_2d(weight, C)
+    _same_device("weight", w, x)
+    if w.dtype not in FLOAT_DTYPES:
+        fail("weight", "a floating dtype", w.dtype, TypeError)
+    if x.dtype == torch.float64 and w.dtype != torch.float64:
+        fail("weight", "float64 with float64 x", w.dtype, TypeError)
+    if bias is not None:
+        bias = _tensor("bias", bias)
+        _same_device("bias", bias, x)
+        if bias.dtype != w.dtype:
+            fail("bias", f"the weight's dtype {w.dtype}", bias.dtype, TypeError)
+        if tuple(bias.shape) != (C,):
+            fail("bias", f"shape ({C},)", tuple(bias.shape))
+    silu = activation_flag(activation)
+    if grad_dtype not in (None, torch.float32, w.dtype):
+        fail("grad_dtype", f"None, torch.float32 or the weight's dtype {w.dtype}", grad_dtype, TypeError)
+    if program is not None and not isinstance(program, str):
+        fail("program", "a program name (str) or None", type(program).__name__, TypeError)
+    if not isinstance(return_final_states, bool):
+        fail("return_final_states", "a bool", type(return_final_states).__name__, TypeError)
+
+    K = w.shape[1]
+    S = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+    if seq_idx is not None and cu_seqlens is not None:
+        fail("seq_idx", "None when cu_seqlens is given (pass one document table)", "both")
+    if seq_idx is not None:
+        seq_idx = _tensor("seq_idx", seq_idx)
+        _same_device("seq_idx", seq_idx, x)
+        if seq_idx.dtype != torch.int32:
+            fail("seq_idx", "dtype torch.int32", seq_idx.dtype, TypeError)
+        want = tuple(x.shape[:-1])
+        if tuple(seq_idx.shape) != want:
+            fail("seq_idx", f"shape {want} (one entry per token)", tuple(seq_idx.shape))
+        if not seq_idx.is_contiguous():
+            fail("seq_idx", "a contiguous tensor", tuple(seq_idx.stride()))
+    if cu_seqlens is not None:
+        cu_seqlens = _tensor("cu_seqlens", cu_seqlens)
+        _same_device("cu_seqlens", cu_seqlens, x)
+        if x.dim() != 2:
+            fail("cu_seqlens", "None for 3-D x (each batch row is a document)", "a tensor")
+        if cu_seqlens.dtype != torch.int32:
+            fail("cu_seqlens", "dtype torch.int32", cu_seqlens.dtype, TypeError)
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+            fail("cu_seqlens", "shape (N + 1,) with N >= 1", tuple(cu_seqlens.shape))
+        if not cu_seqlens.is_contiguous():
+            fail("cu_seqlens", "a contiguous tensor", tuple(cu_seqlens.stride()))
+    if initial_states is not None:
+        initial_states = _tensor("initial_states", initial_states)
+        _same_device("initial_states", initial_states, x)
+        if initial_states.dtype != x.dtype:
+            fail("initial_states", f"x's dtype {x.dtype}", initial_states.dtype, TypeError)
+        if seq_idx is not None and x.dim() == 3:
+            fail("initial_states", "None with 3-D x and seq_idx (use 2-D x)", "a tensor")
+        if cu_seqlens is not None:
+            n = cu_seqlens.shape[0] - 1
+        elif x.dim() == 3:
+            n = x.shape[0]
+        elif seq_idx is None:
+            n = 1
+        else:
+            n = initial_states.shape[0]
+        want = (n, K - 1, C)
+        if initial_states.dim() != 3 or tuple(initial_states.shape) != want:
+            fail("initial_states", f"shape {want} (documents, K-1, C)", tuple(initial_states.shape))
+    if return_final_states and seq_idx is not None and initial_states is None:
+        fail(
+            "return_final_states",
+            "initial_states (which sets the document count) when seq_idx is given; "
+            "or use cu_seqlens",
+            "no initial_states",
+        )
+
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    if doc.S != S:  # pragma: no cover - doc_table derives S from x
+        raise AssertionError
+    _check_contents(doc)
+    return w, silu, doc
+
+
+def _check_contents(doc: DocTable) -> None:
+    """Value checks of the document table; skipped while tracing or capturing a CUDA graph."""
+    if doc.table is None or torch.compiler.is_compiling():
+        return
+    if doc.table.is_cuda and (not config.check_documents() or torch.cuda.is_current_stream_capturing()):
+        return
+    message = check_table_contents(doc)
+    if message is not None:
+        raise ValueError(message)

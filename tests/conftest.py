@@ -1,0 +1,75 @@
+"""Shared fixtures: devices, hypothesis profiles, tolerances."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conv1d_silu import runtime  # noqa: E402
+
+HAS_CUDA = runtime.available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and CuPy")
+
+# CI: a small fixed profile; scripts/gpu-check selects the long one.
+settings.register_profile(
+    "ci", max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "gpu", max_examples=300, derandomize=False, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# Backends of the kernel-level tests: "cpu" (PyTorch reference), "emu" (the CUDA templates run on
+# the CPU by tests/emulator, through the same planning code), "cuda" (the real kernels).
+from dataclasses import dataclass  # noqa: E402
+
+import emulator  # noqa: E402
+from conv1d_silu import ops  # noqa: E402
+
+RUN_EMULATOR = emulator.available() and (not HAS_CUDA or os.environ.get("CONV1D_SILU_TEST_EMULATOR") == "1")
+BACKENDS = ["cpu"] + (["emu"] if RUN_EMULATOR else []) + (["cuda"] if HAS_CUDA else [])
+KERNEL_BACKENDS = [b for b in BACKENDS if b != "cpu"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    device: str
+
+    @property
+    def kernels(self) -> bool:
+        return self.name != "cpu"
+
+
+def _backend(name):
+    if name == "emu":
+        with ops.use_launcher(emulator.EmulatorLauncher(), emulate_arch="sm_90"):
+            yield Backend("emu", "cpu")
+    else:
+        yield Backend(name, name)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    yield from _backend(request.param)
+
+
+@pytest.fixture(params=KERNEL_BACKENDS or ["none"])
+def kernel_backend(request):
+    if request.param == "none":
+        pytest.skip("no kernel backend (needs g++ for the emulator, or a GPU)")
+    yield from _backend(request.param)

@@ -1,0 +1,176 @@
+"""The public op end to end (forward, autograd backward) against the float64 naive oracle, on
+every backend: the CPU reference, the CUDA templates under the CPU emulator, and the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conv1d_silu import causal_conv1d_silu, routes
+from helpers import api_kwargs, assert_close, make_case, naive_grads
+
+CONFIGS = {
+    "plain": dict(S=100, C=8, K=4, mode="single"),
+    "odd_C": dict(S=77, C=7, K=4, mode="single"),
+    "cu_seqlens_states": dict(S=300, C=24, K=3, mode="cu_seqlens", init=True),
+    "seq_idx_states_K8": dict(S=257, C=16, K=8, mode="seq_idx", init=True),
+    "batch_states_K2": dict(S=128, C=8, K=2, mode="batch", init=True),
+    "seq_idx_3d": dict(S=96, C=12, K=4, mode="seq_idx_3d"),
+    "identity_no_bias": dict(S=70, C=16, K=5, mode="single", bias=False, activation=None),
+    "strided_x": dict(S=200, C=16, K=4, mode="single", row_pad=8),
+    "one_token": dict(S=1, C=8, K=4, mode="single", init=True),
+    "shorter_than_K": dict(S=3, C=8, K=4, mode="cu_seqlens", init=True),
+    "long_tree": dict(S=2600, C=8, K=4, mode="cu_seqlens"),
+}
+DTYPES = {
+    "f32": (torch.float32, None),
+    "bf16": (torch.bfloat16, None),
+    "f16": (torch.float16, None),
+    "bf16_w32": (torch.bfloat16, torch.float32),
+    "f64": (torch.float64, None),
+}
+
+
+def run(case, *, dtype_w=None, activation="silu", return_final=None, program=None, grad_dtype=None):
+    """Forward + backward through the public API. Returns outputs, grads and the upstream grads."""
+    C, K = case["weight"].shape
+    x = case["x"].detach().requires_grad_()
+    w = case["weight"].detach().requires_grad_()
+    b = case["bias"].detach().requires_grad_() if case["bias"] is not None else None
+    kw = api_kwargs(case)
+    if "initial_states" in kw:
+        kw["initial_states"] = kw["initial_states"].detach().requires_grad_()
+    if return_final is None:
+        return_final = case["n_docs"] is not None
+    out = causal_conv1d_silu(
+        x, w, b, **kw, return_final_states=return_final, activation=activation, program=program, grad_dtype=grad_dtype
+    )
+    y, final = out if return_final else (out, None)
+    dy = torch.randn_like(y)
+    loss = (y.double() * dy.double()).sum()
+    dfinal = None
+    if final is not None:
+        dfinal = torch.randn_like(final)
+        loss = loss + (final.double() * dfinal.double()).sum()
+    loss.backward()
+    init = kw.get("initial_states")
+    grads = (x.grad, w.grad, None if b is None else b.grad, None if init is None else init.grad)
+    return y, final, grads, dy, dfinal
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtypes", DTYPES)
+def test_matches_naive(backend, config, dtypes):
+    cfg = dict(CONFIGS[config])
+    activation = cfg.pop("activation", "silu")
+    dtype, wdtype = DTYPES[dtypes]
+    case = make_case(**cfg, dtype=dtype, wdtype=wdtype, device=backend.device, seed=len(config))
+    y, final, grads, dy, dfinal = run(case, activation=activation)
+    ref = naive_grads(case, dy, dfinal, silu=activation is not None)
+    assert y.dtype == dtype and y.is_contiguous()
+    assert_close(y, ref[0], dtype, "y")
+    if final is not None:
+        assert final.dtype == dtype
+        assert_close(final, ref[1], dtype, "final_states")
+    names = ("dx", "dweight", "dbias", "dinitial")
+    for name, g, r in zip(names, grads, ref[2:]):
+        if r is None:
+            assert g is None, name
+            continue
+        assert g.dtype == (dtype if name in ("dx", "dinitial") else (wdtype or dtype)), name
+        tol_dtype = torch.float32 if g.dtype == torch.float32 and dtype != torch.float64 else g.dtype
+        if name == "dweight":
+            r = r.reshape(g.shape)
+        assert_close(g, r, tol_dtype if name != "dx" else dtype, name)
+
+
+SEED_VARIANTS = {
+    "fwd": dict(direction="fwd", bias=False, docs=False),
+    "fwd_bias": dict(direction="fwd", bias=True, docs=False),
+    "fwd_dt": dict(direction="fwd", bias=True, docs=True),
+    "bwd": dict(direction="bwd", bias=False, docs=False),
+    "bwd_bias": dict(direction="bwd", bias=True, docs=False),
+    "bwd_dt": dict(direction="bwd", bias=True, docs=True),
+    "bwd_fp32g": dict(direction="bwd", bias=False, docs=False, fp32=True),
+    "bwd_bias_fp32g": dict(direction="bwd", bias=True, docs=False, fp32=True),
+}
+
+
+@pytest.mark.parametrize("variant", SEED_VARIANTS)
+def test_seed_variants(backend, variant):
+    """Each of the seed's 8 variant names: routed by that name and correct."""
+    v = SEED_VARIANTS[variant]
+    fp32 = v.get("fp32", False)
+    assert routes.variant_name(v["direction"], v["bias"], v["docs"], fp32) == variant
+    case = make_case(
+        150, 16, 4, "cu_seqlens" if v["docs"] else "single", bias=v["bias"], dtype=torch.bfloat16,
+        device=backend.device,
+    )
+    y, final, grads, dy, dfinal = run(case, return_final=False, grad_dtype=torch.float32 if fp32 else None)
+    ref = naive_grads(case, dy, None)
+    assert_close(y, ref[0], torch.bfloat16, "y")
+    assert_close(grads[0], ref[2], torch.bfloat16, "dx")
+    # fp32 grads are computed and returned in fp32, then autograd casts to the weight's dtype
+    assert_close(grads[1], ref[3].reshape(grads[1].shape), torch.bfloat16, "dweight")
+    if v["bias"]:
+        assert_close(grads[2], ref[4], torch.bfloat16, "dbias")
+
+
+def test_empty_sequence(backend):
+    x = torch.randn(0, 8, device=backend.device, requires_grad=True)
+    w = torch.randn(8, 4, device=backend.device, requires_grad=True)
+    b = torch.randn(8, device=backend.device, requires_grad=True)
+    init = torch.randn(1, 3, 8, device=backend.device, requires_grad=True)
+    y, final = causal_conv1d_silu(x, w, b, initial_states=init, return_final_states=True)
+    assert y.shape == (0, 8) and torch.equal(final, init.detach())
+    (y.sum() + final.sum()).backward()
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+    assert torch.equal(init.grad, torch.ones_like(init))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_and_inf_propagate_like_reference(backend, dtype):
+    case = make_case(64, 8, 4, "single", dtype=dtype, device=backend.device)
+    x = case["x"].clone()
+    x[5, 1] = float("nan")
+    x[20, 3] = float("inf")
+    x[30, 4] = float("-inf")
+    case["x"] = x
+    y, _, grads, dy, _ = run(case, return_final=False)
+    ref = naive_grads(case, dy, None)
+    assert_close(y, ref[0], dtype, "y")
+    assert_close(grads[0], ref[2], dtype, "dx")
+
+
+def test_noncontiguous_upstream_gradient(backend):
+    case = make_case(90, 16, 4, "single", device=backend.device)
+    x = case["x"].detach().requires_grad_()
+    y = causal_conv1d_silu(x, case["weight"], case["bias"])
+    big = torch.randn(90, 32, device=backend.device)
+    y.backward(big[:, ::2])  # channel stride 2: copied once; token stride 64 would be read in place
+    ref = naive_grads(case, big[:, ::2].contiguous(), None)
+    assert_close(x.grad, ref[2], torch.float32, "dx")
+
+
+def test_main_grad_accumulates_in_place(backend):
+    case = make_case(120, 16, 4, "single", dtype=torch.bfloat16, device=backend.device)
+    w = case["weight"].detach().requires_grad_()
+    b = case["bias"].detach().requires_grad_()
+    wmg = torch.full((16, 4), 0.5, device=backend.device)
+    bmg = torch.full((16,), -0.25, device=backend.device)
+    x = case["x"]
+    y = causal_conv1d_silu(x, w, b, weight_main_grad=wmg, bias_main_grad=bmg)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert w.grad is None and b.grad is None
+    ref = naive_grads(case, dy, None)
+    assert_close(wmg, 0.5 + ref[3], torch.float32, "main_grad")
+    assert_close(bmg, -0.25 + ref[4], torch.float32, "bias main_grad")
+
+
+def test_fp32_master_weights_give_fp32_grads(backend):
+    case = make_case(200, 16, 4, "cu_seqlens", dtype=torch.bfloat16, wdtype=torch.float32, device=backend.device)
+    _, _, grads, dy, _ = run(case, return_final=False)
+    assert grads[1].dtype == torch.float32 and grads[2].dtype == torch.float32
+    ref = naive_grads(case, dy, None)
+    assert_close(grads[1], ref[3], torch.float32, "dweight")
