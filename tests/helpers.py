@@ -181,7 +181,7 @@ def make_case(
 
 
 def api_kwargs(case: dict) -> dict:
-    return {k: v for k, v in case.items() if k not in ("spans", "n_docs", "x", "weight", "bias")}
+    return {k: v for k, v in case.items() if k not in ("spans", "n_docs", "x", "weight", "bias", "dy")}
 
 
 def naive_grads(case: dict, dy: torch.Tensor, dfinal: torch.Tensor | None, silu: bool = True):

@@ -1,0 +1,376 @@
+"""Benchmark: ``python -m conv1d_silu.bench``.
+
+For each (S, C) and timed call (fwd, bwd, fwdbwd) it times ours and the baselines with CUDA events
+on cold L2 (a 256 MB buffer is rewritten before every timed call), takes medians, and reports the
+speedup with a 95 % bootstrap CI and the share of the copy bandwidth measured in the same run.
+``--graph`` times CUDA-graph replays instead (no host overhead). Same-run ratios: the forward
+against ``y.copy_(x)`` and the backward against ``torch.add(x, dy, out=dx)`` of the same shape.
+Without a GPU it runs the CPU fallback at small sizes (a smoke test of the harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from . import causal_conv1d_silu
+
+SEED_S = (32768, 65536, 250340, 262144)
+SEED_C = tuple(range(264, 409, 8))
+WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
+CALLS = ("fwd", "bwd", "fwdbwd")
+
+
+def default_shapes() -> list[tuple[int, int]]:
+    return [(s, c) for s in SEED_S for c in SEED_C] + [(1048576, c) for c in WIDE_C]
+
+
+@dataclass
+class Row:
+    S: int
+    C: int
+    call: str
+    impl: str
+    median_us: float
+    times_us: list[float] = field(repr=False)
+    bytes: int = 0
+    baseline_us: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    pct_copy_bw: float | None = None
+    same_run_ratio: float | None = None  # ours / (copy or add) of the same shape
+    deterministic: bool | None = None
+
+
+class Timer:
+    """CUDA-event timing on cold L2 (or wall clock on the CPU)."""
+
+    def __init__(self, device: torch.device, reps: int, warmup: int, graph: bool, flush_mb: int = 256):
+        self.device, self.reps, self.warmup, self.graph = device, reps, warmup, graph
+        self.cuda = device.type == "cuda"
+        self.flush_buf = torch.empty(flush_mb * 2**20 // 4, dtype=torch.float32, device=device) if self.cuda else None
+
+    def _flush(self) -> None:
+        if self.flush_buf is not None:
+            self.flush_buf.fill_(1.0)
+
+    def __call__(self, fn: Callable[[], object]) -> list[float]:
+        for _ in range(self.warmup):
+            fn()
+        if not self.cuda:
+            out = []
+            for _ in range(self.reps):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        run = fn
+        if self.graph:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(g, stream=s):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            run = g.replay
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+        for i in range(self.reps):
+            self._flush()
+            starts[i].record()
+            run()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+def bootstrap_ratio_ci(base: list[float], ours: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95 % CI of median(base) / median(ours) by resampling both sides."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.tensor(base, dtype=torch.float64)
+    o = torch.tensor(ours, dtype=torch.float64)
+    bi = torch.randint(0, len(base), (n, len(base)), generator=g)
+    oi = torch.randint(0, len(ours), (n, len(ours)), generator=g)
+    ratios = b[bi].median(dim=1).values / o[oi].median(dim=1).values
+    lo, hi = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return lo, hi
+
+
+# ---- implementations ------------------------------------------------------------------------
+
+
+def torch_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch eager: depthwise F.conv1d with causal padding, then SiLU, on (S, C) tokens."""
+    S, C = x.shape
+    K = w.shape[1]
+    xt = x.t().unsqueeze(0)
+    y = F.conv1d(xt, w.unsqueeze(1), b, padding=K - 1, groups=C)[..., :S]
+    return F.silu(y)[0].t()
+
+
+def _impls(args) -> dict[str, Callable]:
+    impls: dict[str, Callable] = {"conv1d_silu": lambda x, w, b: causal_conv1d_silu(x, w, b)}
+    if "eager" in args.baselines:
+        impls["torch_eager"] = torch_reference
+    if "compile" in args.baselines:
+        impls["torch_compile"] = torch.compile(torch_reference, dynamic=True)
+    if "cc1d" in args.baselines:
+        try:
+            from causal_conv1d import causal_conv1d_fn
+
+            impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(
+                x.t().unsqueeze(0), w, b, activation="silu"
+            )[0].t()
+        except Exception:
+            pass
+    if "fla" in args.baselines:
+        try:
+            from fla.modules.convolution import causal_conv1d as fla_conv
+
+            impls["fla_triton"] = lambda x, w, b: fla_conv(x.unsqueeze(0), w, b, activation="silu")[0][0]
+        except Exception:
+            pass
+    return impls
+
+
+def _timed_calls(fn, x, w, b, dy):
+    inputs = [x, w] + ([b] if b is not None else [])
+
+    def fwd():
+        return fn(x, w, b)
+
+    y_saved = fwd()
+
+    def bwd():
+        return torch.autograd.grad(y_saved, inputs, dy, retain_graph=True)
+
+    def fwdbwd():
+        return torch.autograd.grad(fn(x, w, b), inputs, dy)
+
+    return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwdbwd}
+
+
+def copy_bandwidth(device: torch.device, timer: Timer) -> float:
+    """Bytes read + written per second of a large device copy (same run)."""
+    n = 2**29 if device.type == "cuda" else 2**22
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    us = statistics.median(timer(lambda: b.copy_(a)))
+    return 2 * n / (us * 1e-6)
+
+
+def host_overhead_us(device: torch.device, iters: int = 300) -> dict[str, float]:
+    """CPU time of one eager fwd+bwd call at a tiny size, and PyTorch's (x * 2).sum().backward()."""
+    x = torch.randn(64, 64, device=device, requires_grad=True)
+    w = torch.randn(64, 4, device=device, requires_grad=True)
+    b = torch.randn(64, device=device, requires_grad=True)
+
+    def ours():
+        causal_conv1d_silu(x, w, b).sum().backward()
+
+    def theirs():
+        (x * 2).sum().backward()
+
+    out = {}
+    for name, fn in (("torch_x2_sum_backward", theirs), ("conv1d_silu_fwd_bwd", ours)):
+        for _ in range(20):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.process_time()
+        for _ in range(iters):
+            fn()
+        out[name] = (time.process_time() - t0) / iters * 1e6
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    out["ratio"] = out["conv1d_silu_fwd_bwd"] / out["torch_x2_sum_backward"]
+    return out
+
+
+def _progress(i: int, n: int, label: str) -> None:
+    sys.stderr.write(f"\r[{i}/{n}] {label:<40}")
+    sys.stderr.flush()
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    timer = Timer(device, args.reps, args.warmup, args.graph)
+    bw = copy_bandwidth(device, timer)
+    impls = _impls(args)
+    shapes = args.shapes or (default_shapes() if device.type == "cuda" else [(4096, 64), (8192, 128)])
+    rows: list[Row] = []
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    total = len(shapes)
+    for i, (S, C) in enumerate(shapes):
+        _progress(i, total, f"S={S} C={C}")
+        g = torch.Generator(device=device).manual_seed(S * 7919 + C)
+        x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
+        w = (torch.randn(C, args.K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
+        b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
+        dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+        plain = {}
+        xd = x.detach()
+        out = torch.empty_like(xd)
+        plain["copy"] = timer(lambda: out.copy_(xd))
+        plain["add"] = timer(lambda: torch.add(xd, dy, out=out))
+        nbytes = {"fwd": 2 * S * C * itemsize, "bwd": 3 * S * C * itemsize, "fwdbwd": 5 * S * C * itemsize}
+        for impl, fn in impls.items():
+            if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
+                continue
+            try:
+                calls = _timed_calls(fn, x, w, b, dy)
+            except Exception as err:  # a peer that rejects the shape
+                sys.stderr.write(f"\n{impl} S={S} C={C}: {err}\n")
+                continue
+            for call in args.calls:
+                times = timer(calls[call])
+                row = Row(S, C, call, impl, statistics.median(times), times, nbytes[call])
+                row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
+                if impl == "conv1d_silu":
+                    ref = {"fwd": plain["copy"], "bwd": plain["add"]}.get(call)
+                    if ref is not None:
+                        row.same_run_ratio = row.median_us / statistics.median(ref)
+                    if call == "bwd" and args.check_determinism:
+                        first = [t.clone() for t in calls["bwd"]()]
+                        row.deterministic = all(
+                            all(torch.equal(a, c) for a, c in zip(first, calls["bwd"]())) for _ in range(4)
+                        )
+                rows.append(row)
+        for name, times in plain.items():
+            rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
+        del x, w, b, dy, out
+    _progress(total, total, "done")
+    sys.stderr.write("\n")
+    # speedups of ours against each baseline of the same (S, C, call)
+    by_key = {(r.S, r.C, r.call, r.impl): r for r in rows}
+    result_rows = []
+    for r in rows:
+        if r.impl == "conv1d_silu" or r.call not in CALLS:
+            continue
+        ours = by_key.get((r.S, r.C, r.call, "conv1d_silu"))
+        if ours is None:
+            continue
+        lo, hi = bootstrap_ratio_ci(r.times_us, ours.times_us)
+        result_rows.append(
+            dict(S=r.S, C=r.C, call=r.call, baseline=r.impl, baseline_us=r.median_us, ours_us=ours.median_us,
+                 speedup=r.median_us / ours.median_us, ci95=(lo, hi), pct_copy_bw=ours.pct_copy_bw)
+        )
+    return {
+        "meta": meta(device, args, bw),
+        "host_overhead_us": host_overhead_us(device) if not args.no_host else None,
+        "rows": [{k: v for k, v in asdict(r).items() if k != "times_us"} for r in rows],
+        "speedups": result_rows,
+    }
+
+
+def meta(device: torch.device, args, bw: float) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except Exception:
+        commit = ""
+    try:
+        import cupy
+
+        cupy_version = cupy.__version__
+    except Exception:
+        cupy_version = None
+    return {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cupy": cupy_version,
+        "cuda": torch.version.cuda,
+        "commit": commit,
+        "dtype": args.dtype,
+        "K": args.K,
+        "graph": args.graph,
+        "reps": args.reps,
+        "copy_bandwidth_TBps": bw / 1e12,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"GPU {result['meta']['gpu']}, torch {result['meta']['torch']}, commit {result['meta']['commit'][:10]}, "
+        f"{result['meta']['dtype']} K={result['meta']['K']}, copy {result['meta']['copy_bandwidth_TBps']:.2f} TB/s, "
+        f"{'CUDA graph' if result['meta']['graph'] else 'eager'}",
+        "",
+        "| S | C | call | ours µs | vs copy/add | % copy BW | det |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if r["impl"] != "conv1d_silu":
+            continue
+        ratio = f"{r['same_run_ratio']:.2f}x" if r["same_run_ratio"] else ""
+        det = {True: "yes", False: "NO", None: ""}[r["deterministic"]]
+        lines.append(f"| {r['S']} | {r['C']} | {r['call']} | {r['median_us']:.1f} | {ratio} | {r['pct_copy_bw']:.0f} | {det} |")
+    if result["speedups"]:
+        lines += ["", "| S | C | call | baseline | baseline µs | ours µs | speedup (95% CI) |", "|---|---|---|---|---|---|---|"]
+        for s in result["speedups"]:
+            lines.append(
+                f"| {s['S']} | {s['C']} | {s['call']} | {s['baseline']} | {s['baseline_us']:.1f} | {s['ours_us']:.1f} | "
+                f"{s['speedup']:.2f}x ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}) |"
+            )
+    if result.get("host_overhead_us"):
+        h = result["host_overhead_us"]
+        lines += ["", f"Host overhead (CPU µs per eager fwd+bwd, 64x64): ours {h['conv1d_silu_fwd_bwd']:.0f}, "
+                      f"torch (x*2).sum().backward() {h['torch_x2_sum_backward']:.0f}, ratio {h['ratio']:.2f}"]
+    return "\n".join(lines)
+
+
+def _shape(text: str) -> tuple[int, int]:
+    s, c = text.split(",")
+    return int(s), int(c)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the seed rows + wide C)")
+    p.add_argument("--calls", nargs="*", default=list(CALLS), choices=CALLS)
+    p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("-K", type=int, default=4)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    p.add_argument("--cpu", action="store_true", help="force the CPU fallback")
+    p.add_argument("--check-determinism", action="store_true", default=True)
+    p.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
+    p.add_argument("--max-eager-elems", type=int, default=2**31, help="skip eager baselines above S*C")
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    p.add_argument("--csv")
+    args = p.parse_args(argv)
+    result = run(args)
+    text = markdown(result)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("S,C,call,impl,median_us,pct_copy_bw,same_run_ratio\n")
+            for r in result["rows"]:
+                f.write(f"{r['S']},{r['C']},{r['call']},{r['impl']},{r['median_us']:.3f},{r['pct_copy_bw'] or ''},{r['same_run_ratio'] or ''}\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Every program and variant family once on small shapes, for compute-sanitizer.
+
+Run as ``PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3
+scripts/sanitize_cases.py`` (no caching allocator, so an access past a tensor hits unallocated
+memory). Also checks the results against the reference, so a run that is clean but wrong fails.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+
+from conv1d_silu import causal_conv1d_silu, routes  # noqa: E402
+from helpers import api_kwargs, assert_close, make_case, naive_grads  # noqa: E402
+
+BWD = [n for n, p in routes.PROGRAMS.items() if p.direction == "bwd"]
+CASES = [
+    dict(S=700, C=24, K=4, mode="single", dtype=torch.bfloat16),
+    dict(S=700, C=7, K=3, mode="cu_seqlens", init=True, dtype=torch.float32),
+    dict(S=2300, C=40, K=8, mode="seq_idx", init=True, dtype=torch.bfloat16),
+    dict(S=300, C=16, K=2, mode="batch", init=True, dtype=torch.float16, bias=False),
+    dict(S=200, C=16, K=4, mode="seq_idx_3d", dtype=torch.bfloat16, row_pad=8),
+    dict(S=90, C=6, K=5, mode="single", dtype=torch.float64),
+]
+
+
+def main() -> int:
+    n = 0
+    for i, spec in enumerate(CASES):
+        spec = dict(spec)
+        dtype = spec.pop("dtype")
+        case = make_case(**spec, dtype=dtype, device="cuda", seed=i)
+        final = case["n_docs"] is not None and "initial_states" in case
+        for program in BWD:
+            x = case["x"].detach().requires_grad_()
+            w = case["weight"].detach().requires_grad_()
+            b = case["bias"].detach().requires_grad_() if case["bias"] is not None else None
+            kw = api_kwargs(case)
+            out = causal_conv1d_silu(x, w, b, return_final_states=final, program=program, **kw)
+            y, fin = out if final else (out, None)
+            dy = torch.randn_like(y)
+            dfin = torch.randn_like(fin) if fin is not None else None
+            torch.autograd.backward([y] + ([fin] if fin is not None else []), [dy] + ([dfin] if fin is not None else []))
+            ref = naive_grads(case, dy, dfin)
+            assert_close(y, ref[0], dtype, f"case {i} {program} y")
+            assert_close(x.grad, ref[2], dtype, f"case {i} {program} dx")
+            n += 1
+    torch.cuda.synchronize()
+    print(f"sanitize_cases: {n} forward+backward runs checked")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Every kernel source compiles for every arch of the route table, with NVRTC (the compiler the
+runtime uses; the nvidia-cuda-nvrtc wheel needs no GPU), or with nvcc where NVRTC is missing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from conv1d_silu import kernels
+from conv1d_silu.documents import BATCH, CU_SEQLENS, SEQ_IDX, SINGLE
+
+bf16, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+
+# (x, weight, grads, K, VEC, bias, doc mode, initial states, silu, index, slabs per lane)
+BWD = [
+    (bf16, bf16, bf16, 4, 8, True, SINGLE, False, True, "int", 1),
+    (bf16, bf16, f32, 4, 8, True, CU_SEQLENS, True, True, "int", 8),
+    (bf16, f32, f32, 3, 8, False, SEQ_IDX, True, True, "long long", 1),
+    (f16, f16, f16, 8, 4, True, BATCH, True, False, "int", 8),
+    (f32, f32, f32, 2, 4, True, SINGLE, False, True, "int", 1),
+    (f64, f64, f64, 4, 2, True, CU_SEQLENS, True, True, "int", 1),
+    (f64, f64, f32, 8, 1, False, SINGLE, False, True, "long long", 8),
+]
+# (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index, rows per lane)
+FWD = [
+    (bf16, bf16, 4, 8, True, SINGLE, False, False, True, "int", 32),
+    (bf16, f32, 8, 8, True, CU_SEQLENS, True, True, True, "long long", 32),
+    (f16, f16, 2, 2, False, SEQ_IDX, True, True, False, "int", 32),
+    (f32, f32, 3, 4, True, BATCH, False, True, True, "int", 32),
+    (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
+]
+INSTANCES = {
+    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a) for a in BWD],
+    "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a) for a in FWD],
+}
+ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
+# CuPy compiles with these on top of the runtime's own options.
+CUPY_OPTIONS = ["--device-as-default-execution-space", "-ftz=true"]
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        return nvrtc, set(archs)
+    except Exception:
+        return None, set()
+
+
+NVRTC, NVRTC_ARCHS = _nvrtc()
+NVCC = shutil.which("nvcc")
+
+
+def _compile_nvrtc(source: str, exprs: list[str], arch: str) -> str:
+    from conv1d_silu.runtime import NVRTC_OPTIONS
+
+    code = kernels.source(source).encode()
+    err, prog = NVRTC.nvrtcCreateProgram(code, f"{source}.cu".encode(), 0, [], [])
+    for e in exprs:
+        NVRTC.nvrtcAddNameExpression(prog, e.encode())
+    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}")]
+    (err,) = NVRTC.nvrtcCompileProgram(prog, len(opts), opts)
+    _, size = NVRTC.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    NVRTC.nvrtcGetProgramLog(prog, log)
+    assert err == NVRTC.nvrtcResult.NVRTC_SUCCESS, f"{source} for {arch}:\n{log.decode(errors='replace')}"
+    for e in exprs:
+        err, lowered = NVRTC.nvrtcGetLoweredName(prog, e.encode())
+        assert err == NVRTC.nvrtcResult.NVRTC_SUCCESS and lowered, e
+    _, cubin_size = NVRTC.nvrtcGetCUBINSize(prog)
+    assert cubin_size > 0
+    NVRTC.nvrtcDestroyProgram(prog)
+    return log.decode(errors="replace")
+
+
+def _compile_nvcc(source: str, exprs: list[str], arch: str, tmp_path) -> None:
+    # nvcc spells the instantiations out as explicit template instantiations of the kernels.
+    src = tmp_path / f"{source}.cu"
+    src.write_text(kernels.source(source) + "\n" + "\n".join(f"template __global__ decltype({e}) {e};" for e in exprs))
+    gencode = f"-gencode=arch=compute_{arch[3:]},code={arch}"
+    result = subprocess.run(
+        [NVCC, "-std=c++17", "-ftz=true", gencode, "-c", str(src), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", kernels.SOURCES)
+def test_kernels_compile(source, arch, tmp_path):
+    exprs = INSTANCES[source]
+    if arch != "sm_90":
+        exprs = exprs[:2]  # the full set on our GPU's arch; a representative pair elsewhere
+    number = int(arch[3:].rstrip("a"))
+    if NVRTC is not None and number in NVRTC_ARCHS:
+        _compile_nvrtc(source, exprs, arch)
+    elif NVCC is not None and arch != "sm_107a":
+        _compile_nvcc(source, exprs, arch, tmp_path)
+    else:
+        pytest.skip(f"neither NVRTC with {arch} nor nvcc is available")
