@@ -82,7 +82,7 @@ def ceil_log8(n: int) -> int:
     return level
 
 
-def tree_shape(S: int, cta_level: int) -> tuple[int, list[int]]:
+def tree_shape(S: int) -> tuple[int, list[int]]:
     """Root level and the node count of each level 0..root of the canonical tree for S tokens."""
     n_slabs = max(1, math.ceil(S / SLAB))
     root = max(2, ceil_log8(n_slabs))
@@ -214,7 +214,7 @@ def backward(
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
     cta_level = 1 if spl == 1 else 2
-    root, nodes = tree_shape(S, cta_level)
+    root, nodes = tree_shape(S)
     n_units = nodes[cta_level] * n_ctiles
     nb = K + (1 if has_bias else 0)
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32

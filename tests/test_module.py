@@ -1,0 +1,121 @@
+"""CausalConv1dSiLU: nn.Conv1d compatibility, repr, and torch.compile (fullgraph, dynamic)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import assert_expected_inline
+from torch import nn
+
+from conv1d_silu import CausalConv1dSiLU
+
+
+def test_repr():
+    assert_expected_inline(repr(CausalConv1dSiLU(264)), """CausalConv1dSiLU(264, kernel_size=4, bias=True, activation='silu')""")
+    assert_expected_inline(
+        repr(CausalConv1dSiLU(8, 2, bias=False, activation=None)),
+        """CausalConv1dSiLU(8, kernel_size=2, bias=False, activation=None)""",
+    )
+
+
+def test_state_dict_round_trips_with_conv1d():
+    conv = nn.Conv1d(12, 12, 4, groups=12, padding=3)
+    m = CausalConv1dSiLU(12, 4)
+    m.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 50, 12)
+    want = F.silu(conv(x.transpose(1, 2))[..., :50]).transpose(1, 2)
+    torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+    back = nn.Conv1d(12, 12, 4, groups=12)
+    back.load_state_dict(m.state_dict())
+    assert torch.equal(back.weight, m.weight)
+
+
+def test_init_matches_conv1d_distribution():
+    torch.manual_seed(0)
+    m = CausalConv1dSiLU(4096, 4)
+    bound = 1 / 2  # kaiming_uniform(a=sqrt(5)) on fan_in K = 4 gives U(-1/sqrt(K), 1/sqrt(K))
+    assert m.weight.abs().max() <= bound and m.weight.abs().max() > 0.9 * bound
+    assert m.bias.abs().max() <= bound
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="kernel_size"):
+        CausalConv1dSiLU(8, 9)
+    with pytest.raises(ValueError, match="channels"):
+        CausalConv1dSiLU(0)
+    with pytest.raises(ValueError, match="activation"):
+        CausalConv1dSiLU(8, activation="relu")
+
+
+def test_packed_and_batched_inputs_agree():
+    m = CausalConv1dSiLU(16, 4)
+    x = torch.randn(3, 40, 16)
+    cu = torch.tensor([0, 40, 80, 120], dtype=torch.int32)
+    torch.testing.assert_close(m(x).reshape(120, 16), m(x.reshape(120, 16), cu_seqlens=cu))
+
+
+class TinyBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, 2 * d)
+        self.conv = CausalConv1dSiLU(d, 4)
+
+    def forward(self, x, cu_seqlens):
+        a, gate = self.proj(x).chunk(2, dim=-1)
+        return self.conv(a, cu_seqlens=cu_seqlens) * torch.sigmoid(gate)
+
+
+@pytest.mark.timeout(600)
+def test_compile_fullgraph_dynamic_no_recompiles():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = TinyBlock(16)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(block, backend=counter, fullgraph=True, dynamic=True)
+    for S in (37, 64, 101, 250):
+        x = torch.randn(S, 16, requires_grad=True)
+        cu = torch.tensor([0, S // 3, S], dtype=torch.int32)
+        y_eager = block(x, cu)
+        (gx_eager,) = torch.autograd.grad(y_eager.sum(), x)
+        y = compiled(x, cu)
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        assert torch.equal(y, y_eager)
+        torch.testing.assert_close(gx, gx_eager)
+    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames"
+
+
+@pytest.mark.timeout(600)
+def test_compile_inductor_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = CausalConv1dSiLU(8, 3)
+    compiled = torch.compile(m, fullgraph=True, dynamic=True)
+    x = torch.randn(2, 30, 8, requires_grad=True)
+    y = compiled(x)
+    y.backward(torch.ones_like(y))
+    g_compiled = [x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone()]
+    x.grad = None
+    m.zero_grad()
+    m(x).backward(torch.ones_like(y))
+    for a, b in zip(g_compiled, [x.grad, m.weight.grad, m.bias.grad]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.timeout(600)
+def test_compile_with_main_grad_accumulation():
+    torch._dynamo.reset()
+    m = CausalConv1dSiLU(8, 4, accumulate_into_main_grad=True)
+    m.weight.main_grad = torch.zeros(8, 1, 4)
+    m.bias.main_grad = torch.zeros(8)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True, dynamic=True)
+    x = torch.randn(40, 8)
+    compiled(x).sum().backward()
+    assert m.weight.grad is None
+    want = CausalConv1dSiLU(8, 4)
+    want.load_state_dict(m.state_dict())
+    want(x).sum().backward()
+    torch.testing.assert_close(m.weight.main_grad, want.weight.grad)
+    torch.testing.assert_close(m.bias.main_grad, want.bias.grad)

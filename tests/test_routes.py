@@ -1,0 +1,135 @@
+"""Route table: selection on both sides of every band edge and token floor, registry invariants."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conv1d_silu import routes
+from conv1d_silu.routes import INF, PROGRAMS, ROUTES, VARIANTS, select
+
+OTHER = [v for v in VARIANTS if v != "bwd"]
+
+
+@pytest.mark.parametrize(
+    "C,S,want",
+    [
+        (263, 32768, "rowgroup"), (264, 32768, "rowgroup_sm"), (295, 32768, "rowgroup_sm"), (296, 32768, "rowgroup"),
+        (343, 32768, "rowgroup"), (344, 32768, "rowgroup_sm"), (415, 32768, "rowgroup_sm"), (416, 32768, "rowgroup"),
+        (511, 32768, "rowgroup"), (512, 32768, "rowgroup"), (300, 32768, "rowgroup"), (264, 32767, "rowgroup"),
+        (344, 32767, "rowgroup"), (415, 32767, "rowgroup"), (256, 262143, "rowgroup"),
+        (256, 262144, "rowgroup_sm_long"), (255, 262144, "rowgroup"), (257, 262144, "rowgroup"),
+        (264, 262144, "rowgroup_sm"), (511, 10**6, "rowgroup"),
+    ],
+)
+def test_seed_rule_sm107a_bwd(C, S, want):
+    assert select("sm_107a", "bwd", C, S).name == want
+
+
+@pytest.mark.parametrize("variant", OTHER)
+@pytest.mark.parametrize("C,S", [(264, 32768), (344, 32768), (415, 10**6), (256, 262144), (263, 32767), (511, 32768)])
+def test_seed_rule_leaves_other_variants_alone(variant, C, S):
+    want = "fwd_rows" if variant.startswith("fwd") else "rowgroup"
+    assert select("sm_107a", variant, C, S).name == want
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("C,S", [(264, 32768), (344, 65536), (256, 262144), (4096, 1 << 20)])
+def test_blackwell_routes_are_the_row_group_programs(arch, variant, C, S):
+    want = "fwd_rows" if variant.startswith("fwd") else "rowgroup"
+    assert select(arch, variant, C, S).name == want
+
+
+def test_every_band_edge_and_floor_of_every_route():
+    """Just inside each rule's box it is chosen unless an earlier rule claims the point; just outside
+    it is not chosen unless a later rule names the same program."""
+    for arch, table in ROUTES.items():
+        for variant, rules in table.items():
+            for i, rule in enumerate(rules):
+                if rule.is_default:
+                    continue
+                inside = [(rule.c_lo, rule.s_min), (rule.c_hi - 1, rule.s_min), (rule.c_lo, max(rule.s_min, 1) * 4)]
+                for C, S in inside:
+                    dtype = next(iter(rule.dtypes)) if rule.dtypes else "bfloat16"
+                    K = next(iter(rule.ks)) if rule.ks else 4
+                    first = next(r for r in rules if r.matches(C, S, K, dtype))
+                    assert first is rule or rules.index(first) < i, (arch, variant, C, S)
+                outside = [(rule.c_lo - 1, rule.s_min), (rule.c_hi, rule.s_min), (rule.c_lo, rule.s_min - 1)]
+                for C, S in outside:
+                    if C < 0 or S < 0 or rule.c_hi >= INF and C >= INF:
+                        continue
+                    assert not rule.matches(C, S, 4, "bfloat16"), (arch, variant, C, S)
+
+
+def test_registry_invariants():
+    for arch, table in ROUTES.items():
+        assert set(table) == set(VARIANTS), arch
+        for variant, rules in table.items():
+            assert rules[-1].is_default, (arch, variant)
+            direction = variant[:3]
+            for rule in rules:
+                program = PROGRAMS[rule.program]
+                assert program.direction == direction, (arch, variant, rule.program)
+                assert rule.c_lo < rule.c_hi
+            # two rules at one floor (and the same dtype / K sets) never overlap in C
+            body = [r for r in rules if not r.is_default]
+            for a in range(len(body)):
+                for b in range(a + 1, len(body)):
+                    ra, rb = body[a], body[b]
+                    if (ra.s_min, ra.dtypes, ra.ks) == (rb.s_min, rb.dtypes, rb.ks):
+                        assert ra.c_hi <= rb.c_lo or rb.c_hi <= ra.c_lo, (arch, variant, ra, rb)
+
+
+def test_every_program_named_exists_and_every_program_runs_on_sm90():
+    for name, program in PROGRAMS.items():
+        assert program.name == name
+        if program.direction == "bwd":
+            assert program.slabs_per_lane in (1, 8)
+            assert 8 * program.max_tile_vectors <= 256
+    assert ROUTES["sm_90"]["bwd"][-1].program == "rowgroup"
+
+
+def test_unknown_arch_falls_back_with_one_warning(caplog):
+    routes._warn_unknown.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="conv1d_silu"):
+        assert select("sm_999", "bwd", 384, 65536).name == "rowgroup"
+        assert select("sm_999", "fwd", 384, 65536).name == "fwd_rows"
+    assert sum("sm_999" in r.message for r in caplog.records) == 1
+
+
+def test_arch_names():
+    assert routes.arch_of((9, 0)) == "sm_90"
+    assert routes.arch_of((10, 0)) == "sm_100a"
+    assert routes.arch_of((10, 3)) == "sm_103a"
+    assert routes.arch_of((10, 7)) == "sm_107a"
+    assert routes.arch_of((8, 0)) == "generic"
+
+
+def test_variant_names():
+    assert routes.variant_name("bwd", True, False, True) == "bwd_bias_fp32g"
+    assert routes.variant_name("bwd", False, False, True) == "bwd_fp32g"
+    assert routes.variant_name("bwd", True, True, True) == "bwd_dt"
+    assert routes.variant_name("fwd", True, False) == "fwd_bias"
+    with pytest.raises(ValueError, match="variant"):
+        select("sm_90", "bwd_nope", 1, 1)
+
+
+def test_forcing_by_argument_and_environment(monkeypatch):
+    assert routes.forced("rowgroup_sm", "bwd", True).name == "rowgroup_sm"
+    assert routes.forced("rowgroup_sm", "fwd", True) is None  # a backward program leaves the forward routed
+    assert routes.forced("reference", "fwd", False).name == "reference"
+    with pytest.raises(ValueError, match="program"):
+        routes.forced("bogus", "bwd", True)
+    from conv1d_silu import config
+
+    monkeypatch.setenv("CONV1D_SILU_PROGRAM", "rowgroup_long")
+    assert config.forced_program() == "rowgroup_long"
+
+
+def test_tile_vectors_balance():
+    assert routes.tile_vectors(33, 32) == 17
+    assert routes.tile_vectors(64, 32) == 32
+    assert routes.tile_vectors(512, 32) == 32
+    assert routes.tile_vectors(1, 32) == 1

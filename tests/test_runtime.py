@@ -1,0 +1,112 @@
+"""Launch validation (pure Python), planning geometry, and the CuPy-free import path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conv1d_silu import gpu, routes
+from conv1d_silu.runtime import DeviceLimits, Launch, overlaps, validate
+
+LIMITS = DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
+
+
+def launch(**kw):
+    base = dict(source="conv1d_silu_bwd", kernel="k", grid=(10, 1, 1), block=256, smem=0, args=())
+    base.update(kw)
+    return Launch(**base)
+
+
+def test_validate_accepts_a_good_launch():
+    validate(launch(), LIMITS)
+
+
+def test_validate_rejects_2d_grid_for_one_d_programs():
+    with pytest.raises(ValueError, match="1-D grid"):
+        validate(launch(grid=(10, 2, 1)), LIMITS)
+
+
+def test_validate_rejects_block_and_grid_out_of_range():
+    with pytest.raises(ValueError, match="block"):
+        validate(launch(block=2048), LIMITS)
+    with pytest.raises(ValueError, match="grid"):
+        validate(launch(grid=(0, 1, 1)), LIMITS)
+
+
+def test_validate_rejects_too_much_shared_memory():
+    with pytest.raises(ValueError, match="shared memory"):
+        validate(launch(smem=300 * 1024), LIMITS)
+
+
+def test_validate_requires_64_bit_indexing_for_big_offsets():
+    with pytest.raises(ValueError, match="64-bit"):
+        validate(launch(max_offset=2**31), LIMITS)
+    validate(launch(max_offset=2**31, index_64=True), LIMITS)
+
+
+def test_validate_rejects_outputs_overlapping_inputs():
+    x = torch.randn(100, 8)
+    with pytest.raises(ValueError, match="overlaps"):
+        validate(launch(outputs=(x[10:20],), inputs=(x,)), LIMITS)
+    validate(launch(outputs=(torch.empty(100, 8),), inputs=(x,)), LIMITS)
+
+
+def test_overlap_of_strided_views():
+    buf = torch.randn(10, 16)
+    assert not overlaps(buf[:, :8], torch.randn(3))
+    assert overlaps(buf[:, :8], buf[:, 8:])  # interleaved rows share the byte range
+
+
+def test_vector_width_follows_alignment():
+    x = torch.randn(64, 24, dtype=torch.bfloat16)
+    assert gpu.vector_width(2, 4, 24, [x], [24], bwd=True) == 8
+    assert gpu.vector_width(2, 8, 24, [x], [24], bwd=True) == 4  # backward caps VEC * K at 32
+    assert gpu.vector_width(2, 4, 7, [x], [7], bwd=False) == 1
+    assert gpu.vector_width(2, 4, 24, [x[:, 2:]], [24], bwd=False) == 2  # pointer aligned to 4 bytes only
+    assert gpu.vector_width(4, 4, 24, [x], [28], bwd=False) == 4
+    assert gpu.vector_width(8, 4, 24, [x], [24], bwd=False) == 2
+
+
+def test_tree_shape():
+    assert gpu.tree_shape(1) == (2, [1, 1, 1])
+    assert gpu.tree_shape(250340) == (5, [7824, 978, 123, 16, 2, 1])  # 32-token slabs, fan-in 8
+
+
+def test_import_does_not_touch_cuda_or_cupy():
+    code = (
+        "import sys, conv1d_silu, torch;"
+        "assert 'cupy' not in sys.modules, 'cupy imported';"
+        "assert not torch.cuda.is_initialized(), 'cuda initialised'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cuda_tensor_without_cupy_names_the_extra(monkeypatch):
+    from conv1d_silu import runtime
+
+    runtime._cupy.cache_clear()
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    try:
+        with pytest.raises(RuntimeError, match=r"conv1d_silu\[cuda\]"):
+            runtime.require_cupy()
+    finally:
+        runtime._cupy.cache_clear()
+
+
+def test_launch_args_match_the_kernel_signature_types():
+    """Scalars are NumPy types of the C signature (CuPy turns Python ints into long long)."""
+    from emulator import EmulatorLauncher
+
+    from conv1d_silu.documents import doc_table
+
+    rec = EmulatorLauncher()
+    x = torch.randn(100, 8)
+    w = torch.randn(8, 4)
+    doc = doc_table(x, None, None, None)
+    gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)
+    for a in rec.launches[0].args:
+        assert a is None or isinstance(a, (torch.Tensor, np.int32, np.int64))
