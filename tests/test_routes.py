@@ -133,3 +133,22 @@ def test_tile_vectors_balance():
     assert routes.tile_vectors(64, 32) == 32
     assert routes.tile_vectors(512, 32) == 32
     assert routes.tile_vectors(1, 32) == 1
+
+
+def test_tuner_chooses_bands_and_floors_from_measurements():
+    from conv1d_silu.tune import Measurement, choose
+
+    def m(C, S, rowgroup, sm):
+        t = {"rowgroup": rowgroup, "rowgroup_long": rowgroup * 1.2, "rowgroup_sm": sm, "rowgroup_sm_long": rowgroup * 1.5}
+        return Measurement("bwd", C, S, t, {k: 0.01 for k in t})
+
+    ms = []
+    for C in (256, 264, 272, 280):
+        for S in (32768, 65536, 262144):
+            fast = C in (264, 272) and S >= 65536
+            ms.append(m(C, S, 100.0, 80.0 if fast else 101.0))
+    rules = choose(ms)["bwd"]
+    assert [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rules] == [("rowgroup_sm", 264, 280, 65536)]
+    # noise: a 2 % gain is not a win
+    ms2 = [m(256, S, 100.0, 98.0) for S in (32768, 65536)]
+    assert choose(ms2)["bwd"] == []

@@ -1,0 +1,220 @@
+"""Route tuner: ``python -m conv1d_silu.tune``.
+
+On the current GPU, times every backward program for each backward variant over a grid of C
+(64..4096, every 8 from 256 to 512) and S (32768, 65536, 262144, 1048576), bf16, K = 4, cold L2,
+medians of CUDA-event timings, and writes
+
+* the route rows for this arch (``conv1d_silu/routes_<arch>.py``): a non-default program is routed
+  for a C band from a token floor only where it beat the default by more than the noise margin at
+  that floor and at every larger S measured;
+* the evidence (``docs/routes-<arch>.md``): every time measured and the rule each one chose.
+
+All backward programs give the same bits (canonical reduction), so routing only changes speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import ops, routes
+from .bench import Timer
+from .documents import doc_table
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
+DEFAULT_S = (32768, 65536, 262144, 1048576)
+BWD_VARIANTS = ("bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
+
+
+@dataclass
+class Measurement:
+    variant: str
+    C: int
+    S: int
+    times: dict[str, float]  # program -> median µs
+    spread: dict[str, float]  # program -> (p75 - p25) / median
+
+
+def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
+    g = torch.Generator(device=device).manual_seed(S + C)
+    x = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
+    b = torch.randn(C, device=device, dtype=dtype, generator=g) if "bias" in variant or variant == "bwd_dt" else None
+    cu = None
+    if variant == "bwd_dt":
+        cuts = torch.sort(torch.randint(1, S, (max(1, S // 4096),), generator=g, device=device)).values
+        cu = torch.cat([torch.zeros(1, device=device, dtype=cuts.dtype), cuts, torch.tensor([S], device=device)]).to(torch.int32)
+    grad_dtype = torch.float32 if variant.endswith("fp32g") else dtype
+    doc = doc_table(x, None, cu, None)
+    return x, dy, w, b, doc, grad_dtype
+
+
+def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr) -> list[Measurement]:
+    device = torch.device("cuda")
+    timer = Timer(device, reps, warmup=2, graph=False)
+    programs = [n for n, p in routes.PROGRAMS.items() if p.direction == "bwd"]
+    out = []
+    total = len(variants) * len(Cs) * len(Ss)
+    i = 0
+    for variant in variants:
+        for S in Ss:
+            for C in Cs:
+                i += 1
+                log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
+                x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
+                times, spread = {}, {}
+                for name in programs:
+                    t = timer(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name))
+                    q = statistics.quantiles(t, n=4)
+                    times[name] = statistics.median(t)
+                    spread[name] = (q[2] - q[0]) / times[name]
+                out.append(Measurement(variant, C, S, times, spread))
+                del x, dy, w, b, doc
+    log.write("\n")
+    return out
+
+
+def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes.Rule]]:
+    """Route rules from measurements: per (variant, C), a program wins at S when it beats the
+    default by more than ``margin`` (and by more than its measured spread); its token floor is the
+    smallest S from which it wins at every larger measured S. Adjacent C with the same winner and
+    floor merge into one band ending at the next measured C."""
+    default = routes.BWD_DEFAULT.program
+    rules: dict[str, list[routes.Rule]] = {}
+    for variant in sorted({m.variant for m in ms}):
+        vm = [m for m in ms if m.variant == variant]
+        Cs = sorted({m.C for m in vm})
+        Ss = sorted({m.S for m in vm})
+        table = {(m.C, m.S): m for m in vm}
+
+        def winner(C, S):
+            m = table[(C, S)]
+            best = min(m.times, key=m.times.get)
+            gain = 1 - m.times[best] / m.times[default]
+            noise = max(m.spread[best], m.spread[default])
+            return best if best != default and gain > max(margin, noise) else default
+
+        picks = []  # (C, program, floor)
+        for C in Cs:
+            wins = [winner(C, S) for S in Ss]
+            chosen = None
+            for j in range(len(Ss)):
+                tail = set(wins[j:])
+                if len(tail) == 1 and wins[j] != default:
+                    chosen = (wins[j], Ss[j])
+                    break
+            picks.append((C, chosen))
+        bands = []
+        for idx, (C, chosen) in enumerate(picks):
+            if chosen is None:
+                continue
+            c_hi = Cs[idx + 1] if idx + 1 < len(Cs) else routes.INF
+            if bands and bands[-1][2] == C and tuple(bands[-1][3:]) == chosen:
+                bands[-1][2] = c_hi
+            else:
+                bands.append([C, C, c_hi, *chosen])
+        rules[variant] = [
+            routes.Rule(program, lo, hi, floor, why=f"measured fastest on this arch for {lo} <= C < {hi}, S >= {floor}")
+            for lo, _, hi, program, floor in sorted(bands, key=lambda b: (-b[4], b[0]))
+        ]
+    return rules
+
+
+def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> Path:
+    path = ROOT / f"routes_{arch.replace('sm_', 'sm')}.py"
+    lines = [
+        f'"""Measured {arch} route rows, written by ``python -m conv1d_silu.tune`` on {meta["gpu"]}',
+        f'({meta["date"]}, commit {meta["commit"][:10]}). Evidence: docs/routes-{arch}.md."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from .routes import Rule",
+        "",
+        "ROUTES: dict = {",
+    ]
+    for variant, rs in rules.items():
+        if not rs:
+            continue
+        lines.append(f"    {variant!r}: [")
+        for r in rs:
+            hi = "INF" if r.c_hi >= routes.INF else r.c_hi
+            lines.append(f"        Rule({r.program!r}, {r.c_lo}, {hi}, {r.s_min}, why={r.why!r}),")
+        lines.append("    ],")
+    lines.append("}")
+    text = "\n".join(lines) + "\n"
+    if "INF" in text:
+        text = text.replace("from .routes import Rule", "from .routes import INF, Rule")
+    path.write_text(text)
+    return path
+
+
+def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
+    path = ROOT.parent / "docs" / f"routes-{arch}.md"
+    programs = list(ms[0].times)
+    out = [
+        f"# Route evidence for {arch}",
+        "",
+        f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, commit {meta['commit'][:10]}, "
+        f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-event timings (µs) of the whole backward "
+        "call (allocation, ticket memset, kernel). A non-default program is routed only where it beat `rowgroup` by more "
+        "than 3 % and more than the interquartile spread, at the floor and at every larger S.",
+        "",
+        "## Rules",
+        "",
+    ]
+    for variant, rs in rules.items():
+        out.append(f"* `{variant}`: " + ("; ".join(f"`{r.program}` for {r.c_lo} <= C < {r.c_hi}, S >= {r.s_min}" for r in rs) or "default only"))
+    for variant in sorted({m.variant for m in ms}):
+        out += ["", f"## {variant}", "", "| S | C | " + " | ".join(programs) + " | routed |", "|---" * (len(programs) + 3) + "|"]
+        for m in sorted((m for m in ms if m.variant == variant), key=lambda m: (m.S, m.C)):
+            routed = next(
+                (r.program for r in rules.get(variant, []) if r.matches(m.C, m.S, 4, "bfloat16")), routes.BWD_DEFAULT.program
+            )
+            best = min(m.times, key=m.times.get)
+            cells = [f"**{m.times[p]:.1f}**" if p == best else f"{m.times[p]:.1f}" for p in programs]
+            out.append(f"| {m.S} | {m.C} | " + " | ".join(cells) + f" | {routed} |")
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def main(argv=None) -> None:
+    from .bench import meta as bench_meta
+
+    p = argparse.ArgumentParser(prog="python -m conv1d_silu.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="*", default=list(BWD_VARIANTS))
+    p.add_argument("--C", type=int, nargs="*", default=DEFAULT_C)
+    p.add_argument("--S", type=int, nargs="*", default=list(DEFAULT_S))
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--json", help="also dump raw measurements here")
+    p.add_argument("--from-json", help="skip measuring: choose rules from a saved dump")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    if args.from_json:
+        raw = json.loads(Path(args.from_json).read_text())
+        ms = [Measurement(**m) for m in raw["measurements"]]
+        meta = raw["meta"]
+    else:
+        ms = measure(args.variants, args.C, args.S, args.reps)
+        ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
+        meta = bench_meta(torch.device("cuda"), ns, 0.0)
+        meta["arch"] = ops._arch(torch.device("cuda"))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
+    rules = choose(ms)
+    for variant, rs in rules.items():
+        print(variant, [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rs])
+    if not args.no_write:
+        print(write_routes(meta["arch"], rules, meta))
+        print(write_evidence(meta["arch"], ms, rules, meta))
+
+
+if __name__ == "__main__":
+    main()
