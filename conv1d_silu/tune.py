@@ -209,6 +209,10 @@ def main(argv=None) -> None:
         if args.json:
             Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
     rules = choose(ms)
+    programs = list(ms[0].times)
+    print("variant S C " + " ".join(programs))
+    for m in ms:
+        print(m.variant, m.S, m.C, " ".join(f"{m.times[p]:.1f}" for p in programs))
     for variant, rs in rules.items():
         print(variant, [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rs])
     if not args.no_write:
