@@ -41,7 +41,10 @@ def _taps(x2, K, pos, state, init):
             taps.append(torch.where(inside, shifted, torch.zeros_like(shifted)))
         else:
             row = (pos + k).clamp(max=K - 2)
-            taps.append(torch.where(inside, shifted, init[state.clamp(0, init.shape[0] - 1), row]))
+            # documents whose state index is past the table have no state (zeros)
+            has_state = (state < init.shape[0]).unsqueeze(1)
+            from_state = torch.where(has_state, init[state.clamp(0, init.shape[0] - 1), row], torch.zeros_like(shifted))
+            taps.append(torch.where(inside, shifted, from_state))
     return taps
 
 
@@ -151,8 +154,8 @@ def backward(
         if S > shift:
             dx[: S - shift] += torch.where(inside, contrib, torch.zeros_like(contrib))[shift:]
         if dinit is not None:
-            outside = ~inside.squeeze(1)
-            rows = state[outside].clamp(0, dinit.shape[0] - 1) * (K - 1) + (pos[outside] + k)
+            outside = ~inside.squeeze(1) & (state < dinit.shape[0])
+            rows = state[outside] * (K - 1) + (pos[outside] + k)
             dinit.view(-1, C).index_add_(0, rows, contrib[outside])
     dweight = torch.stack([(g * taps[k]).sum(0) for k in range(K)], dim=1)
     dbias = None if bias is None else g.sum(0)

@@ -101,7 +101,8 @@ template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
 // Walks the packed token axis row by row for one thread. begin(r0) returns how many rows of the
 // current document precede r0 (capped at K-1); next(t), called for t = r0+1, r0+2, ... in order,
 // says whether a document starts at t; last(t) whether t ends its document. `state` is the
-// current document's row in initial_states / final_states, always in [0, n_docs).
+// current document's row in initial_states / final_states; a document whose state is >= n_docs
+// has none (zeros in, nothing out): the kernels check `state < n_docs` before every state access.
 // Every table read is bounds-checked, so any table content is memory-safe.
 struct DocArgs {
   const int* __restrict__ table;  // seq_idx (S) or cu_seqlens (n_docs + 1)
@@ -164,12 +165,11 @@ template <> struct Docs<SEQ_IDX> {
   int state = 0;
   int current = 0;
   long long next_row = 0;  // next batch-row boundary
-  C1S_FN int clamp_state(const DocArgs& a, int v) { return a.n_docs > 0 ? min_(max_(v, 0), a.n_docs - 1) : 0; }
   C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
     const long long row0 = (r0 / a.row_len) * a.row_len;
     next_row = row0 + a.row_len;
     current = a.table[r0];
-    state = clamp_state(a, current);
+    state = max_(current, 0);
     int pos = 0;
     while (pos < cap && r0 - pos - 1 >= row0 && a.table[r0 - pos - 1] == current) ++pos;
     return pos;
@@ -182,7 +182,7 @@ template <> struct Docs<SEQ_IDX> {
       next_row += a.row_len;
     }
     current = v;
-    state = clamp_state(a, v);
+    state = max_(v, 0);
     return start;
   }
   C1S_FN bool last(const DocArgs& a, long long t) {

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       for (int m = 0; m < K - 1; ++m) {
         if (K - 1 - m <= pos0) {
           load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
-        } else if (HAS_INIT) {
+        } else if (HAS_INIT && docs.state < n_docs) {
           load_vec(init, ((I)docs.state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
         } else {
 #pragma unroll
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
             ++ordinal;
 #pragma unroll
             for (int m = 0; m < K - 1; ++m) {
-              if (HAS_INIT) {
+              if (HAS_INIT && docs.state < n_docs) {
                 load_vec(init, ((I)docs.state * (K - 1) + m) * (I)C + c0, xw[m + 1]);
               } else {
 #pragma unroll
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
           for (int m = 1; m < K; ++m) {
             const long long rm = t - (K - 1) + m;
-            if (sf[m] && rm >= r0 && rm < r_end) {
+            if (sf[m] && sid[m] < n_docs && rm >= r0 && rm < r_end) {
               A dv[VEC];
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     for (int m = 0; m < K - 1; ++m) {
       if (K - 1 - m <= pos0) {
         load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
-      } else if (HAS_INIT) {
+      } else if (HAS_INIT && docs.state < n_docs) {
         load_vec(init, ((I)docs.state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
       } else {
 #pragma unroll
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
       if (i > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
 #pragma unroll
         for (int m = 0; m < K - 1; ++m) {
-          if (HAS_INIT) {
+          if (HAS_INIT && docs.state < n_docs) {
             load_vec(init, ((I)docs.state * (K - 1) + m) * (I)C + c0, xw[m + 1]);
           } else {
 #pragma unroll
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
       }
       store_vec(y, (I)t * (I)C + c0, yv);
 
-      if (FINAL && docs.last(da, t)) {  // the document's last K-1 rows (initial state included)
+      if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // the document's last K-1 rows (initial state included)
 #pragma unroll
         for (int j = 0; j < K - 1; ++j) store_vec(final_states, ((I)docs.state * (K - 1) + j) * (I)C + c0, xw[j + 1]);
       }
