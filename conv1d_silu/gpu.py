@@ -184,11 +184,14 @@ def backward(
     weight_grad_out: torch.Tensor | None = None,
     bias_grad_out: torch.Tensor | None = None,
     launcher: Launcher = CUDA,
+    trailing: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial_states.
 
     With ``weight_grad_out`` (an fp32 (C, K) buffer, e.g. a main_grad), dweight/dbias are added
-    into the given buffers (one fp32 add of the canonical sum) and returned.
+    into the given buffers (one fp32 add of the canonical sum) and returned. ``trailing`` =
+    (x_next, dy_next): up to K-1 tokens after the sequence, in its last document, whose g
+    completes dx (context parallelism).
     """
     C, K = weight.shape
     S = doc.S
@@ -208,8 +211,11 @@ def backward(
                 db.zero_()
         return dx, dw, db, dinit
     init = initial_states.contiguous() if initial_states is not None else None
+    next_x = next_dy = None
+    if trailing is not None and trailing[0].shape[0] > 0:
+        next_x, next_dy = (t.contiguous() for t in trailing)
 
-    vec = vector_width(x.element_size(), K, C, [x, dy, dx, init], [x_stride, dy_stride], bwd=True)
+    vec = vector_width(x.element_size(), K, C, [x, dy, dx, init, next_x, next_dy], [x_stride, dy_stride], bwd=True)
     tile_v = tile_vectors(C // vec, program.max_tile_vectors)
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
@@ -270,9 +276,12 @@ def backward(
             np.int32(n_ctiles),
             np.int64(n_units),
             np.int32(root),
+            next_x,
+            next_dy,
+            np.int32(0 if next_x is None else next_x.shape[0]),
         ),
         outputs=tuple(t for t in (dx, dinit) if t is not None),
-        inputs=tuple(t for t in (x, dy, init) if t is not None),
+        inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
         index_64=wide,
         max_offset=max_off,
         persistent=program.persistent,

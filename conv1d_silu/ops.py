@@ -111,14 +111,17 @@ def backward_impl(
     program: str | None,
     weight_grad_out: Tensor | None = None,
     bias_grad_out: Tensor | None = None,
+    trailing: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias grads are
-    added into the given fp32 buffers instead."""
+    added into the given fp32 buffers instead. ``trailing``: see gpu.backward."""
     fp32_grads = grad_dtype == torch.float32 and weight.dtype != torch.float32 or weight_grad_out is not None
     prog = choose("bwd", x, weight, bias is not None, doc, fp32_grads, program)
     if not prog.cuda:
         out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
-        dx, dw, db, dinit = reference.backward(dy, x, weight, bias, doc, initial_states, dfinal, silu, out_dtype)
+        dx, dw, db, dinit = reference.backward(
+            dy, x, weight, bias, doc, initial_states, dfinal, silu, out_dtype, trailing
+        )
         if weight_grad_out is not None:
             weight_grad_out.add_(dw)
             if bias_grad_out is not None:
@@ -128,7 +131,7 @@ def backward_impl(
     dy, dy_rs = readable(dy)
     dx, dw, db, dinit = gpu.backward(
         dy, dy_rs, x, row_stride(x), weight, bias, doc, initial_states, silu, grad_dtype, prog,
-        weight_grad_out, bias_grad_out, _launcher,
+        weight_grad_out, bias_grad_out, _launcher, trailing,
     )
     if dfinal is not None:
         reference.add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])

@@ -128,14 +128,28 @@ def backward(
     dfinal: torch.Tensor | None,
     silu: bool,
     grad_dtype: torch.dtype,
+    trailing: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Reference backward (recomputes z from x). Returns (dx, dweight (C, K), dbias, dinitial)."""
+    """Reference backward (recomputes z from x). Returns (dx, dweight (C, K), dbias, dinitial).
+
+    ``trailing`` = (x_next, dy_next), up to K-1 tokens that follow the sequence in its last
+    document (context parallelism): their g completes dx of the last tokens, nothing else.
+    """
     C, K = weight.shape
     acc = acc_dtype(x.dtype)
     S = doc.S
     x2 = x.reshape(S, C).to(acc)
     g = dy.reshape(S, C).to(acc)
     pos, state = token_positions(doc, x.device)
+    n_own = S
+    if trailing is not None and S > 0 and trailing[0].shape[0] > 0:
+        nx, ndy = trailing
+        n = nx.shape[0]
+        x2 = torch.cat([x2, nx.to(acc)])
+        g = torch.cat([g, ndy.to(acc)])
+        pos = torch.cat([pos, pos[-1] + 1 + torch.arange(n, device=pos.device)])
+        state = torch.cat([state, state[-1].expand(n)])
+        S = S + n
     init = None if initial_states is None else initial_states.to(acc)
     taps = _taps(x2, K, pos, state, init)
     w = weight.to(acc)
@@ -157,6 +171,8 @@ def backward(
             outside = ~inside.squeeze(1) & (state < dinit.shape[0])
             rows = state[outside] * (K - 1) + (pos[outside] + k)
             dinit.view(-1, C).index_add_(0, rows, contrib[outside])
+    dx = dx[:n_own]
+    g, taps = g[:n_own], [t[:n_own] for t in taps]
     dweight = torch.stack([(g * taps[k]).sum(0) for k in range(K)], dim=1)
     dbias = None if bias is None else g.sum(0)
 

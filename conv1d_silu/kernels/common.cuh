@@ -94,6 +94,8 @@ C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
   *out = cvt<TG>(accumulate ? cvt<A>(*out) + v : v);
 }
 
+template <bool B> struct Bool { static constexpr bool value = B; };
+
 template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }
 template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
 

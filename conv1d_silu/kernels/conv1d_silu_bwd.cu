@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     long long row_len, int n_docs, const T* __restrict__ init, T* __restrict__ dx,
     T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
     void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, int C, int tile_v,
-    int n_ctiles, long long n_units, int root_level) {
+    int n_ctiles, long long n_units, int root_level, const T* __restrict__ next_x,
+    const T* __restrict__ next_dy, int n_next) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
@@ -98,18 +99,26 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       int ordinal = 0;
 
       // One token t: extend the windows, accumulate the slab partial if t is an own row, emit
-      // dx[t-(K-1)] and the initial-state gradients that complete at t.
-      auto step = [&](long long t, bool own) {
+      // dx[t-(K-1)] and the initial-state gradients that complete at t. `full` (a compile-time
+      // tag) promises t < S. Rows S .. S+n_next-1 are trailing rows (context parallelism: the
+      // next rank's first tokens of the same document): their g completes dx, nothing else.
+      auto step = [&](long long t, bool own, auto full) {
+        constexpr bool FULL = decltype(full)::value;
         A g[VEC];
         int d_new = -1, s_new = 0;
         bool start = false;
-        if (t < S) {
+        if (FULL || t < S + n_next) {
           A xv[VEC], dv[VEC];
-          load_vec(x, (I)t * (I)x_rs + c0, xv);
-          load_vec(dy, (I)t * (I)dy_rs + c0, dv);
+          if (!FULL && t >= S) {
+            load_vec(next_x, (I)(t - S) * (I)C + c0, xv);
+            load_vec(next_dy, (I)(t - S) * (I)C + c0, dv);
+          } else {
+            load_vec(x, (I)t * (I)x_rs + c0, xv);
+            load_vec(dy, (I)t * (I)dy_rs + c0, dv);
+          }
           if (t == r0) {
             start = pos0 == 0;
-          } else if (docs.next(da, t)) {
+          } else if ((FULL || t < S) && docs.next(da, t)) {
             start = true;
             ++ordinal;
 #pragma unroll
@@ -208,9 +217,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         t_next = base + SLAB;
         if (base + SLAB <= S) {
 #pragma unroll 8
-          for (int j = 0; j < SLAB; ++j) step(base + j, true);
+          for (int j = 0; j < SLAB; ++j) step(base + j, true, Bool<true>{});
         } else {
-          for (int j = 0; j < SLAB; ++j) step(base + j, base + j < S);
+          for (int j = 0; j < SLAB; ++j) step(base + j, base + j < S, Bool<false>{});
         }
         if (SPL > 1) {  // fold slab s into the lane's level-1 node (index order, in the slot)
 #pragma unroll
@@ -224,7 +233,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       }
       // Tail: g of the next K-1 tokens completes dx of the last own rows (and initial states).
 #pragma unroll
-      for (int j = 0; j < K - 1; ++j) step(t_next + j, false);
+      for (int j = 0; j < K - 1; ++j) step(t_next + j, false, Bool<false>{});
     }
 
     // Node value of this lane: its slab partial (SPL = 1) or its level-1 node (SPL = 8, the
