@@ -14,8 +14,9 @@ where ``xx[u] = x[u]`` inside the document and, before its start, initial state 
 
 from __future__ import annotations
 
+import math
+
 import torch
-import torch.nn.functional as F
 
 from .documents import DocTable, doc_spans, doc_table, token_positions
 
@@ -48,8 +49,46 @@ def _taps(x2, K, pos, state, init):
     return taps
 
 
+# exp(r) on |r| <= ln2 / 2 by Horner on Taylor terms: 8 terms reach fp32, 14 fp64 precision.
+_TAYLOR = {torch.float32: [1.0 / math.factorial(i) for i in range(8)], torch.float64: [1.0 / math.factorial(i) for i in range(14)]}
+# (clamp range, exponent bias, mantissa bits, integer view) per dtype; ln 2 split for Cody-Waite.
+_EXP_FORMAT = {torch.float32: (87.0, 127, 23, torch.int32), torch.float64: (708.0, 1023, 52, torch.int64)}
+_LN2_HI, _LN2_LO = 0.693145751953125, 1.428606765330187045e-06
+
+
+def _exp(z: torch.Tensor) -> torch.Tensor:
+    """exp from IEEE-exact operations only (mul, add, round, bit shifts).
+
+    PyTorch's CPU exp takes a SIMD path or a scalar path depending on where an element sits in
+    its tensor, and the two differ in the last bit; this one gives every element the same bits
+    wherever it sits, so a sequence split into chunks (context parallelism) or a different
+    thread count reproduces the whole-sequence result exactly. Finite inputs only (callers clamp).
+    """
+    limit, bias, mant, itype = _EXP_FORMAT[z.dtype]
+    z = z.clamp(-limit, limit)
+    n = torch.round(z * (1.0 / math.log(2.0)))
+    r = (z - n * _LN2_HI) - n * _LN2_LO
+    coeffs = _TAYLOR[z.dtype]
+    p = torch.full_like(r, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = p * r + c
+    scale = ((n.to(itype) + bias) << mant).view(z.dtype)  # 2^n, exactly
+    return p * scale
+
+
+def _sigmoid(z: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-z)), position-independent (see _exp); exact 0 / 1 at -inf / +inf, NaN kept."""
+    sig = 1.0 / (1.0 + _exp(-z))
+    sig = torch.where(z == -math.inf, torch.zeros_like(sig), sig)
+    return torch.where(z.isnan(), z, sig)
+
+
+def _silu(z: torch.Tensor) -> torch.Tensor:
+    return z * _sigmoid(z)
+
+
 def _silu_grad(z: torch.Tensor) -> torch.Tensor:
-    sig = torch.sigmoid(z)
+    sig = _sigmoid(z)
     return sig * (1 + z * (1 - sig))
 
 
@@ -104,7 +143,7 @@ def forward(
     z = torch.zeros_like(x2) if bias is None else bias.to(acc).expand_as(x2).clone()
     for k in range(K):
         z = z + w[:, k] * taps[k]
-    y = F.silu(z) if silu else z
+    y = _silu(z) if silu else z
     final = None
     if return_final_states:
         src, from_x, init_row = _final_state_sources(doc, K, x.device)
