@@ -130,3 +130,16 @@ def test_requires_initialised_process_group():
 
     with pytest.raises(RuntimeError, match="not initialised"):
         causal_conv1d_silu_cp(torch.randn(4, 2), torch.randn(2, 4))
+
+
+def test_example_runs_with_torchrun():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+           str(root / "examples" / "context_parallel.py"), "--tokens", "700", "--channels", "16"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "max |y  - single process| = 0" in out.stdout and "max |dx - single process| = 0" in out.stdout
