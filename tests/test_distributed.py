@@ -138,7 +138,7 @@ def test_example_runs_with_torchrun():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(root / "examples" / "context_parallel.py"), "--tokens", "700", "--channels", "16"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
