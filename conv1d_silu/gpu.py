@@ -108,7 +108,7 @@ def forward(
     final = None
     if return_final_states:
         final = (
-            initial_states.clone()
+            initial_states.clone(memory_format=torch.contiguous_format)
             if initial_states is not None
             else x.new_zeros((doc.num_docs, K - 1, C))
         )

@@ -22,6 +22,10 @@ class CausalConv1dSiLU(nn.Module):
         kernel_size: K, 2..8.
         bias: learn a bias.
         activation: ``"silu"`` or None.
+        layout: ``"BLC"`` (default): inputs ``(B, L, C)`` or packed ``(S, C)``, channels contiguous,
+            read in place (strided slices too). ``"BCL"``: inputs ``(B, C, L)`` like nn.Conv1d; a
+            channel-last tensor (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) is still read in
+            place, a channel-first one costs a copy in and one out (output in the input's layout).
         accumulate_into_main_grad: when the weight carries an fp32 ``main_grad`` buffer
             (Megatron), add the weight/bias gradients into it in place instead of ``.grad``.
         program: force a kernel program (tests, benchmarks).
@@ -34,6 +38,7 @@ class CausalConv1dSiLU(nn.Module):
         bias: bool = True,
         activation: str | None = "silu",
         *,
+        layout: str = "BLC",
         accumulate_into_main_grad: bool = False,
         program: str | None = None,
         device: torch.device | str | None = None,
@@ -45,6 +50,9 @@ class CausalConv1dSiLU(nn.Module):
         if not isinstance(kernel_size, int) or not 2 <= kernel_size <= 8:
             raise ValueError(f"kernel_size: expected an int in [2, 8], got {kernel_size!r}")
         activation_flag(activation)
+        if layout not in ("BLC", "BCL"):
+            raise ValueError(f"layout: expected 'BLC' or 'BCL', got {layout!r}")
+        self.layout = layout
         factory = {"device": device, "dtype": dtype}
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.accumulate_into_main_grad, self.program = accumulate_into_main_grad, program
@@ -68,6 +76,8 @@ class CausalConv1dSiLU(nn.Module):
         initial_states: torch.Tensor | None = None,
         return_final_states: bool = False,
     ):
+        if self.layout == "BCL":
+            return self._forward_bcl(x, seq_idx, initial_states, return_final_states)
         wmg = bmg = None
         if self.accumulate_into_main_grad and getattr(self.weight, "main_grad", None) is not None:
             wmg = self.weight.main_grad
@@ -86,8 +96,50 @@ class CausalConv1dSiLU(nn.Module):
             bias_main_grad=bmg,
         )
 
+    def _forward_bcl(self, x, seq_idx, initial_states, return_final_states):
+        from .compat import causal_conv1d_fn
+
+        if x.dim() != 3:
+            raise ValueError(f"x: expected (B, C, L) with layout='BCL', got {tuple(x.shape)}")
+        init = None if initial_states is None else initial_states.transpose(1, 2)  # (B, C, K-1) as nn.Conv1d
+        out = causal_conv1d_fn(
+            x, self.weight[:, 0, :], self.bias, seq_idx=seq_idx, initial_states=init,
+            return_final_states=return_final_states, activation=self.activation,
+        )
+        return out
+
+    @classmethod
+    def from_conv1d(cls, conv: nn.Conv1d, activation: str | None = "silu", **kwargs) -> CausalConv1dSiLU:
+        """A module with the parameters of a depthwise ``nn.Conv1d(C, C, K, groups=C)`` (copied)."""
+        C = conv.in_channels
+        if conv.out_channels != C or conv.groups != C or conv.stride != (1,) or conv.dilation != (1,):
+            raise ValueError(
+                "conv: expected a depthwise nn.Conv1d(C, C, K, groups=C) with stride 1 and dilation 1, "
+                f"got {conv}"
+            )
+        m = cls(C, conv.kernel_size[0], conv.bias is not None, activation,
+                device=conv.weight.device, dtype=conv.weight.dtype, **kwargs)
+        with torch.no_grad():
+            m.weight.copy_(conv.weight)
+            if conv.bias is not None:
+                m.bias.copy_(conv.bias)
+        return m
+
+    def to_conv1d(self) -> nn.Conv1d:
+        """An ``nn.Conv1d(C, C, K, groups=C, padding=K-1)`` with these parameters (copied): its
+        output's first L positions, through the activation, equal this module's."""
+        conv = nn.Conv1d(self.channels, self.channels, self.kernel_size, groups=self.channels,
+                         padding=self.kernel_size - 1, bias=self.bias is not None,
+                         device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            conv.weight.copy_(self.weight)
+            if self.bias is not None:
+                conv.bias.copy_(self.bias)
+        return conv
+
     def extra_repr(self) -> str:
+        layout = "" if self.layout == "BLC" else f", layout={self.layout!r}"
         return (
             f"{self.channels}, kernel_size={self.kernel_size}, bias={self.bias is not None}, "
-            f"activation={self.activation!r}"
+            f"activation={self.activation!r}{layout}"
         )

@@ -199,7 +199,7 @@ def backward(
         g = g * _silu_grad(z)
 
     dx = torch.zeros_like(x2)
-    dinit = None if init is None else torch.zeros_like(init)
+    dinit = None if init is None else torch.zeros(init.shape, dtype=acc, device=init.device)
     for k in range(K):
         shift = K - 1 - k
         inside = (pos >= shift).unsqueeze(1)

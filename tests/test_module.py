@@ -119,3 +119,27 @@ def test_compile_with_main_grad_accumulation():
     want(x).sum().backward()
     torch.testing.assert_close(m.weight.main_grad, want.weight.grad)
     torch.testing.assert_close(m.bias.main_grad, want.bias.grad)
+
+
+def test_from_and_to_conv1d():
+    conv = nn.Conv1d(10, 10, 3, groups=10, padding=2)
+    m = CausalConv1dSiLU.from_conv1d(conv)
+    assert m.kernel_size == 3 and torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
+    back = m.to_conv1d()
+    x = torch.randn(2, 10, 30)
+    torch.testing.assert_close(F.silu(back(x)[..., :30]).transpose(1, 2), m(x.transpose(1, 2).contiguous()))
+    with pytest.raises(ValueError, match="depthwise"):
+        CausalConv1dSiLU.from_conv1d(nn.Conv1d(10, 20, 3))
+
+
+@pytest.mark.parametrize("channel_last", [True, False])
+def test_bcl_layout(channel_last):
+    m = CausalConv1dSiLU(12, 4, layout="BCL")
+    assert "layout='BCL'" in repr(m)
+    base = torch.randn(2, 40, 12)
+    x = base.transpose(1, 2) if channel_last else base.transpose(1, 2).contiguous()
+    y = m(x)
+    assert y.shape == (2, 12, 40) and y.stride() == x.stride()
+    ref = CausalConv1dSiLU(12, 4)
+    ref.load_state_dict(m.state_dict())
+    torch.testing.assert_close(y.transpose(1, 2), ref(base))
