@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -252,7 +251,6 @@ def run(args) -> dict:
                 rows.append(row)
         for name, times in plain.items():
             rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
-        del x, w, b, dy, out
     _progress(total, total, "done")
     sys.stderr.write("\n")
     # speedups of ours against each baseline of the same (S, C, call)

@@ -147,7 +147,7 @@ def function(source: str, kernel: str, device_index: int):
                 fn = module.get_function(kernel)
                 fn.attributes  # forces compilation and load now, inside the lock  # noqa: B018
             except Exception as err:  # CompileException, or a load failure
-                log = getattr(err, "get_message", lambda: str(err))()
+                log = err.get_message() if hasattr(err, "get_message") else str(err)
                 raise CompileError(
                     f"conv1d_silu: NVRTC could not build {kernel} from {source}.cu "
                     f"(options {NVRTC_OPTIONS}, device {device_index}):\n{log}"

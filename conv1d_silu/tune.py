@@ -77,7 +77,6 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
                     times[name] = statistics.median(t)
                     spread[name] = (q[2] - q[0]) / times[name]
                 out.append(Measurement(variant, C, S, times, spread))
-                del x, dy, w, b, doc
     log.write("\n")
     return out
 

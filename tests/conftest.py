@@ -20,10 +20,10 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and CuPy")
 
 # CI: a small fixed profile; scripts/gpu-check selects the long one.
 settings.register_profile(
-    "ci", max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci", max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 settings.register_profile(
-    "gpu", max_examples=300, derandomize=False, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "gpu", max_examples=300, derandomize=False, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
