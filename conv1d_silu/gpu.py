@@ -7,7 +7,10 @@ same planning code is exercised without a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -46,23 +49,26 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _aligned(ptr: int, nbytes: int) -> bool:
-    return ptr % nbytes == 0
+def alignment(*tensors: torch.Tensor | None) -> int:
+    """Largest power of two, at most 16, dividing every tensor's address (in bytes)."""
+    a = 16
+    for t in tensors:
+        if t is not None:
+            p = t.data_ptr()
+            while a > 1 and p % a:
+                a //= 2
+    return a
 
 
-def vector_width(itemsize: int, K: int, C: int, tensors: list[torch.Tensor], strides: list[int], bwd: bool) -> int:
-    """Channels per thread: 16 bytes when C, the row strides and the pointers allow, fewer else.
+def vector_width(itemsize: int, K: int, C: int, align: int, strides: tuple[int, ...], bwd: bool) -> int:
+    """Channels per thread: 16 bytes when C, the row strides and the addresses allow, fewer else.
 
     The backward keeps 4K windows of VEC floats in registers, so it caps VEC * K at 32.
     """
     vec = 16 // itemsize
     if bwd:
         vec = min(vec, max(1, 32 // K))
-    while vec > 1 and (
-        C % vec
-        or any(s % vec for s in strides)
-        or any(not _aligned(t.data_ptr(), vec * itemsize) for t in tensors if t is not None)
-    ):
+    while vec > 1 and (C % vec or any(s % vec for s in strides) or align % (vec * itemsize)):
         vec //= 2
     return vec
 
@@ -87,6 +93,43 @@ def tree_shape(S: int) -> tuple[int, list[int]]:
     n_slabs = max(1, math.ceil(S / SLAB))
     root = max(2, ceil_log8(n_slabs))
     return root, [math.ceil(n_slabs / FAN**level) for level in range(root + 1)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The launch geometry of one call, a pure function of shapes, dtypes, flags and program."""
+
+    kernel: str
+    block: int
+    smem: int
+    tile_v: int
+    n_ctiles: int
+    n_units: int
+    index_64: bool
+    max_offset: int
+    root: int = 0
+    ws_elems: int = 0
+    n_tickets: int = 0
+
+
+@functools.lru_cache(maxsize=8192)
+def forward_plan(
+    dtype: torch.dtype, wdtype: torch.dtype, K: int, C: int, S: int, row_stride: int, align: int,
+    has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, program: Program, n_docs: int,
+) -> Plan:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False)
+    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    n_ctiles = math.ceil(C // vec / tile_v)
+    rows = program.rows_per_lane
+    max_off = _max_offset(S, C, [row_stride], n_docs, K)
+    wide = max_off >= 2**31
+    kernel = kernels.name_expression(
+        "conv1d_silu_fwd", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
+        "long long" if wide else "int", rows,
+    )
+    n_units = math.ceil(S / (LANES * rows)) * n_ctiles
+    return Plan(kernel, LANES * tile_v, 0, tile_v, n_ctiles, n_units, wide, max_off)
 
 
 def forward(
@@ -115,58 +158,55 @@ def forward(
     if S == 0:
         return y, final
     init = initial_states.contiguous() if initial_states is not None else None
-    vec = vector_width(x.element_size(), K, C, [x, y, init, final], [row_stride], bwd=False)
-    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
-    n_ctiles = math.ceil(C // vec / tile_v)
-    rows = program.rows_per_lane
-    n_units = math.ceil(S / (LANES * rows)) * n_ctiles
     n_docs = doc.num_docs or 0
-    max_off = _max_offset(S, C, [row_stride], n_docs, K)
-    wide = max_off >= 2**31
-    kernel = kernels.name_expression(
-        "conv1d_silu_fwd",
-        x.dtype,
-        weight.dtype,
-        K,
-        vec,
-        bias is not None,
-        doc.mode,
-        init is not None,
-        final is not None,
-        silu,
-        "long long" if wide else "int",
-        rows,
+    plan = forward_plan(
+        x.dtype, weight.dtype, K, C, S, row_stride, alignment(x, init, final), bias is not None, doc.mode,
+        init is not None, final is not None, silu, program, n_docs,
     )
     launch = Launch(
         source="conv1d_silu_fwd",
-        kernel=kernel,
-        grid=(n_units, 1, 1),
-        block=LANES * tile_v,
+        kernel=plan.kernel,
+        grid=(plan.n_units, 1, 1),
+        block=plan.block,
         smem=0,
         args=(
-            x,
-            np.int64(row_stride),
-            weight.contiguous(),
-            None if bias is None else bias.contiguous(),
-            _table(doc),
-            np.int64(doc.row_len),
-            np.int32(n_docs),
-            init,
-            y,
-            final,
-            np.int64(S),
-            np.int32(C),
-            np.int32(tile_v),
-            np.int32(n_ctiles),
-            np.int64(n_units),
+            x, np.int64(row_stride), weight.contiguous(), None if bias is None else bias.contiguous(),
+            _table(doc), np.int64(doc.row_len), np.int32(n_docs), init, y, final, np.int64(S), np.int32(C),
+            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
         ),
-        outputs=tuple(t for t in (y, final) if t is not None),
-        inputs=tuple(t for t in (x, init) if t is not None),
-        index_64=wide,
-        max_offset=max_off,
+        outputs=(y,) if final is None else (y, final),
+        inputs=(x,) if init is None else (x, init),
+        index_64=plan.index_64,
+        max_offset=plan.max_offset,
     )
     launcher(launch, x.device)
     return y, final
+
+
+@functools.lru_cache(maxsize=8192)
+def backward_plan(
+    dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, S: int, x_stride: int,
+    dy_stride: int, align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, program: Program, n_docs: int,
+) -> Plan:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True)
+    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    n_ctiles = math.ceil(C // vec / tile_v)
+    spl = program.slabs_per_lane
+    cta_level = 1 if spl == 1 else 2
+    root, nodes = tree_shape(S)
+    nb = K + (1 if has_bias else 0)
+    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
+    max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
+    wide = max_off >= 2**31
+    kernel = kernels.name_expression(
+        "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
+        "long long" if wide else "int", spl,
+    )
+    smem = LANES * nb * tile_v * vec * (8 if dtype == torch.float64 else 4)
+    n_units = nodes[cta_level] * n_ctiles
+    return Plan(kernel, LANES * tile_v, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 
 
 def backward(
@@ -214,81 +254,36 @@ def backward(
     next_x = next_dy = None
     if trailing is not None and trailing[0].shape[0] > 0:
         next_x, next_dy = (t.contiguous() for t in trailing)
-
-    vec = vector_width(x.element_size(), K, C, [x, dy, dx, init, next_x, next_dy], [x_stride, dy_stride], bwd=True)
-    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
-    n_ctiles = math.ceil(C // vec / tile_v)
-    spl = program.slabs_per_lane
-    cta_level = 1 if spl == 1 else 2
-    root, nodes = tree_shape(S)
-    n_units = nodes[cta_level] * n_ctiles
-    nb = K + (1 if has_bias else 0)
-    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
-    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
-    workspace = torch.empty(ws_elems, dtype=acc_dtype, device=x.device) if ws_elems else None
-    tickets = torch.zeros(n_tickets, dtype=torch.int32, device=x.device) if n_tickets else None
     n_docs = doc.num_docs or 0
-    max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
-    wide = max_off >= 2**31
-    kernel = kernels.name_expression(
-        "conv1d_silu_bwd",
-        x.dtype,
-        weight.dtype,
-        dw.dtype,
-        K,
-        vec,
-        has_bias,
-        doc.mode,
-        init is not None,
-        silu,
-        "long long" if wide else "int",
-        spl,
+    plan = backward_plan(
+        x.dtype, weight.dtype, dw.dtype, K, C, S, x_stride, dy_stride, alignment(x, dy, init, next_x, next_dy),
+        has_bias, doc.mode, init is not None, silu, program, n_docs,
     )
-    smem = LANES * nb * tile_v * vec * (8 if acc_dtype == torch.float64 else 4)
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    workspace = torch.empty(plan.ws_elems, dtype=acc_dtype, device=x.device) if plan.ws_elems else None
+    tickets = torch.zeros(plan.n_tickets, dtype=torch.int32, device=x.device) if plan.n_tickets else None
     launch = Launch(
         source="conv1d_silu_bwd",
-        kernel=kernel,
-        grid=(n_units, 1, 1),
-        block=LANES * tile_v,
-        smem=smem,
+        kernel=plan.kernel,
+        grid=(plan.n_units, 1, 1),
+        block=plan.block,
+        smem=plan.smem,
         args=(
-            x,
-            np.int64(x_stride),
-            dy,
-            np.int64(dy_stride),
-            weight.contiguous(),
-            None if bias is None else bias.contiguous(),
-            _table(doc),
-            np.int64(doc.row_len),
-            np.int32(n_docs),
-            init,
-            dx,
-            dinit,
-            dw,
-            db,
-            np.int32(1 if accumulate else 0),
-            workspace,
-            tickets,
-            np.int64(S),
-            np.int32(C),
-            np.int32(tile_v),
-            np.int32(n_ctiles),
-            np.int64(n_units),
-            np.int32(root),
-            next_x,
-            next_dy,
-            np.int32(0 if next_x is None else next_x.shape[0]),
+            x, np.int64(x_stride), dy, np.int64(dy_stride), weight.contiguous(),
+            None if bias is None else bias.contiguous(), _table(doc), np.int64(doc.row_len), np.int32(n_docs),
+            init, dx, dinit, dw, db, np.int32(1 if accumulate else 0), workspace, tickets, np.int64(S),
+            np.int32(C), np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
+            np.int32(plan.root), next_x, next_dy, np.int32(0 if next_x is None else next_x.shape[0]),
         ),
-        outputs=tuple(t for t in (dx, dinit) if t is not None),
+        outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
-        index_64=wide,
-        max_offset=max_off,
+        index_64=plan.index_64,
+        max_offset=plan.max_offset,
         persistent=program.persistent,
     )
     if program.persistent:
         per_sm = launcher.max_active_blocks(launch, x.device)
-        launch.grid = (min(n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
+        launch.grid = (min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
     launcher(launch, x.device)
     return dx, dw, db, dinit
 

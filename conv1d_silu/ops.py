@@ -15,6 +15,7 @@ Ops (namespace ``conv1d_silu``):
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Optional
 
 import torch
@@ -47,7 +48,12 @@ def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
 def _arch(device: torch.device) -> str:
     if device.type != "cuda":
         return _emulated_arch
-    return routes.arch_of(torch.cuda.get_device_capability(device))
+    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    return routes.arch_of(torch.cuda.get_device_capability(index))
 
 
 def choose(

@@ -162,8 +162,9 @@ def _warn_unknown(arch: str) -> None:
     logger.warning("conv1d_silu: no route table for arch %r; using the generic route", arch)
 
 
+@functools.lru_cache(maxsize=16384)
 def rule_for(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Rule:
-    """The first rule of the route that matches."""
+    """The first rule of the route that matches (cached: calls repeat the same shapes)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
     if arch not in ROUTES:
@@ -180,6 +181,7 @@ def select(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bf
     return PROGRAMS[rule_for(arch, variant, C, S, K, dtype).program]
 
 
+@functools.lru_cache(maxsize=None)
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

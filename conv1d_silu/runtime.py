@@ -198,6 +198,7 @@ def _prepare_smem(fn, smem: int, device_index: int) -> None:
         fn._c1s_smem = smem
 
 
+@functools.lru_cache(maxsize=4096)
 def max_active_blocks(source: str, kernel: str, block: int, smem: int, device_index: int) -> int:
     """Resident CTAs per SM for this instantiation (for persistent grids)."""
     fn = function(source, kernel, device_index)

@@ -63,12 +63,22 @@ def test_overlap_of_strided_views():
 
 def test_vector_width_follows_alignment():
     x = torch.randn(64, 24, dtype=torch.bfloat16)
-    assert gpu.vector_width(2, 4, 24, [x], [24], bwd=True) == 8
-    assert gpu.vector_width(2, 8, 24, [x], [24], bwd=True) == 4  # backward caps VEC * K at 32
-    assert gpu.vector_width(2, 4, 7, [x], [7], bwd=False) == 1
-    assert gpu.vector_width(2, 4, 24, [x[:, 2:]], [24], bwd=False) == 2  # pointer aligned to 4 bytes only
-    assert gpu.vector_width(4, 4, 24, [x], [28], bwd=False) == 4
-    assert gpu.vector_width(8, 4, 24, [x], [24], bwd=False) == 2
+    assert gpu.alignment(x) == 16 and gpu.alignment(x[:, 2:]) == 4 and gpu.alignment(None) == 16
+    assert gpu.vector_width(2, 4, 24, 16, (24,), bwd=True) == 8
+    assert gpu.vector_width(2, 8, 24, 16, (24,), bwd=True) == 4  # backward caps VEC * K at 32
+    assert gpu.vector_width(2, 4, 7, 16, (7,), bwd=False) == 1
+    assert gpu.vector_width(2, 4, 24, 4, (24,), bwd=False) == 2  # address aligned to 4 bytes only
+    assert gpu.vector_width(4, 4, 24, 16, (28,), bwd=False) == 4
+    assert gpu.vector_width(8, 4, 24, 16, (24,), bwd=False) == 2
+
+
+def test_plans_are_cached_pure_functions():
+    p = routes.PROGRAMS["rowgroup"]
+    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, p, 1)
+    b = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, p, 1)
+    assert a is b
+    assert a.block == 8 * 24 and a.n_ctiles == 2 and a.root == 5
+    assert a.n_units == 978 * 2 and a.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and a.n_tickets == (123 + 16 + 2 + 1) * 2
 
 
 def test_tree_shape():
