@@ -216,8 +216,10 @@ def bwd(
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
     grad_dtype = torch.float32 if fp32_grads else weight.dtype
     dx, dw, db, dinit = backward_impl(dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, program)
-    empty = _bwd_outputs(x, weight, bias, initial_states, grad_dtype)
-    return dx, dw, empty[2] if db is None else db, empty[3] if dinit is None else dinit
+    C, K = weight.shape
+    db = weight.new_empty((0,), dtype=grad_dtype) if db is None else db
+    dinit = x.new_empty((0, K - 1, C)) if dinit is None else dinit
+    return dx, dw, db, dinit
 
 
 @bwd.register_fake

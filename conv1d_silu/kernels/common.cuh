@@ -192,4 +192,35 @@ template <> struct Docs<SEQ_IDX> {
   }
 };
 
+// ---- per-thread pieces shared by both templates ------------------------------------------
+template <typename A, typename TW, int K, int VEC, bool HAS_BIAS>
+C1S_FN void load_weights(const TW* __restrict__ w, const TW* __restrict__ bias, int c0, A (&wv)[K][VEC],
+                         A (&bv)[VEC]) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(w[(c0 + e) * K + k]);
+    bv[e] = HAS_BIAS ? cvt<A>(bias[c0 + e]) : A(0);
+  }
+}
+
+// Window rows 1..K-1 := the K-1 tokens before token r0, of which pos0 are inside its document:
+// x there, the document's initial state rows before (state < n_docs), else 0. With pos0 = 0 it
+// is the reset at a document start. The caller shifts the window when it loads token r0.
+template <int K, int VEC, bool HAS_INIT, typename A, typename T, typename I>
+C1S_FN void window_before(const T* __restrict__ x, long long x_rs, const T* __restrict__ init, int C, int c0,
+                          long long r0, int pos0, int state, int n_docs, A (&xw)[K][VEC]) {
+#pragma unroll
+  for (int m = 0; m < K - 1; ++m) {
+    if (K - 1 - m <= pos0) {
+      load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
+    } else if (HAS_INIT && state < n_docs) {
+      load_vec(init, ((I)state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
+    }
+  }
+}
+
 }  // namespace c1s

@@ -62,12 +62,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
     if (c0 < C && r0 < S) {
       A wv[K][VEC], bv[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(w[(c0 + e) * K + k]);
-        bv[e] = HAS_BIAS ? cvt<A>(bias[c0 + e]) : A(0);
-      }
+      load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
       // Windows over rows t-(K-1) .. t: xw = xx, gw = g, did = document ordinal (-2: before r0,
       // -1: past S), and for the initial-state gradient: sf = a document starts there, sid = its
@@ -85,17 +80,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
         for (int e = 0; e < VEC; ++e) gw[m][e] = A(0);
       }
-#pragma unroll
-      for (int m = 0; m < K - 1; ++m) {
-        if (K - 1 - m <= pos0) {
-          load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
-        } else if (HAS_INIT && docs.state < n_docs) {
-          load_vec(init, ((I)docs.state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
-        }
-      }
+      window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xw);
       int ordinal = 0;
 
       // One token t: extend the windows, accumulate the slab partial if t is an own row, emit
@@ -121,15 +106,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           } else if ((FULL || t < S) && docs.next(da, t)) {
             start = true;
             ++ordinal;
-#pragma unroll
-            for (int m = 0; m < K - 1; ++m) {
-              if (HAS_INIT && docs.state < n_docs) {
-                load_vec(init, ((I)docs.state * (K - 1) + m) * (I)C + c0, xw[m + 1]);
-              } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
-              }
-            }
+            window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xw);
           }
 #pragma unroll
           for (int m = 0; m < K - 1; ++m)

@@ -27,29 +27,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     if (c0 >= C || r0 >= S) continue;
 
     A wv[K][VEC], bv[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(w[(c0 + e) * K + k]);
-      bv[e] = HAS_BIAS ? cvt<A>(bias[c0 + e]) : A(0);
-    }
+    load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
     // Window xw[k] = xx[t - (K-1) + k]; before the first token, xw[1..K-1] hold the K-1 rows
     // preceding r0 (x inside the document, else its initial state rows, else 0).
     Docs<MODE> docs;
     const int pos0 = docs.begin(da, r0, K - 1);
     A xw[K][VEC];
-#pragma unroll
-    for (int m = 0; m < K - 1; ++m) {
-      if (K - 1 - m <= pos0) {
-        load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
-      } else if (HAS_INIT && docs.state < n_docs) {
-        load_vec(init, ((I)docs.state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
-      }
-    }
+    window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xw);
 
     const long long rows = min_<long long>(ROWS, S - r0);
 #pragma unroll 8
@@ -58,15 +43,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
       A xv[VEC];
       load_vec(x, (I)t * (I)x_rs + c0, xv);
       if (i > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
-#pragma unroll
-        for (int m = 0; m < K - 1; ++m) {
-          if (HAS_INIT && docs.state < n_docs) {
-            load_vec(init, ((I)docs.state * (K - 1) + m) * (I)C + c0, xw[m + 1]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
-          }
-        }
+        window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xw);
       }
 #pragma unroll
       for (int m = 0; m < K - 1; ++m) {
