@@ -60,12 +60,13 @@ def alignment(*tensors: torch.Tensor | None) -> int:
     return a
 
 
-def vector_width(itemsize: int, K: int, C: int, align: int, strides: tuple[int, ...], bwd: bool) -> int:
-    """Channels per thread: 16 bytes when C, the row strides and the addresses allow, fewer else.
-
-    The backward keeps 4K windows of VEC floats in registers, so it caps VEC * K at 32.
+def vector_width(
+    itemsize: int, K: int, C: int, align: int, strides: tuple[int, ...], bwd: bool, max_bytes: int = 16
+) -> int:
+    """Channels per thread: ``max_bytes`` when C, the row strides and the addresses allow, fewer
+    else. The backward keeps 4K windows of VEC floats in registers, so it caps VEC * K at 32.
     """
-    vec = 16 // itemsize
+    vec = max(1, max_bytes // itemsize)
     if bwd:
         vec = min(vec, max(1, 32 // K))
     while vec > 1 and (C % vec or any(s % vec for s in strides) or align % (vec * itemsize)):
@@ -118,7 +119,7 @@ def forward_plan(
     has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, program: Program, n_docs: int,
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
-    vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False)
+    vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False, max_bytes=program.vec_bytes)
     tile_v = tile_vectors(C // vec, program.max_tile_vectors)
     n_ctiles = math.ceil(C // vec / tile_v)
     rows = program.rows_per_lane
@@ -189,7 +190,7 @@ def backward_plan(
     dy_stride: int, align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, program: Program, n_docs: int,
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
-    vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True)
+    vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
     tile_v = tile_vectors(C // vec, program.max_tile_vectors)
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane

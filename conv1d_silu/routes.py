@@ -34,6 +34,7 @@ class Program:
     rows_per_lane: int = 32  # forward: tokens one thread walks
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
+    vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -44,7 +45,14 @@ PROGRAMS: dict[str, Program] = {
     for p in (
         Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
         Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
+        Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8),
         Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
+        Program(
+            "rowgroup_8b",
+            "bwd",
+            "row groups of 8 slabs, 8-byte accesses: half the registers per thread, more warps per SM",
+            vec_bytes=8,
+        ),
         Program(
             "rowgroup_long",
             "bwd",

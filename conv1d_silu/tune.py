@@ -1,6 +1,6 @@
 """Route tuner: ``python -m conv1d_silu.tune``.
 
-On the current GPU, times every backward program for each backward variant over a grid of C
+On the current GPU, times every program of each variant (forward and backward) over a grid of C
 (64..4096, every 8 from 256 to 512) and S (32768, 65536, 262144, 1048576), bf16, K = 4, cold L2,
 medians of CUDA-event timings, and writes
 
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
 DEFAULT_S = (32768, 65536, 262144, 1048576)
 BWD_VARIANTS = ("bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
+VARIANTS = ("fwd", "fwd_bias", "fwd_dt") + BWD_VARIANTS
 
 
 @dataclass
@@ -47,9 +48,9 @@ def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
     x = torch.randn(S, C, device=device, dtype=dtype, generator=g)
     dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
     w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
-    b = torch.randn(C, device=device, dtype=dtype, generator=g) if "bias" in variant or variant == "bwd_dt" else None
+    b = torch.randn(C, device=device, dtype=dtype, generator=g) if "bias" in variant or variant.endswith("_dt") else None
     cu = None
-    if variant == "bwd_dt":
+    if variant.endswith("_dt"):
         cuts = torch.sort(torch.randint(1, S, (max(1, S // 4096),), generator=g, device=device)).values
         cu = torch.cat([torch.zeros(1, device=device, dtype=cuts.dtype), cuts, torch.tensor([S], device=device)]).to(torch.int32)
     grad_dtype = torch.float32 if variant.endswith("fp32g") else dtype
@@ -60,7 +61,6 @@ def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
 def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr) -> list[Measurement]:
     device = torch.device("cuda")
     timer = Timer(device, reps, warmup=2, graph=False)
-    programs = [n for n, p in routes.PROGRAMS.items() if p.direction == "bwd"]
     out = []
     total = len(variants) * len(Cs) * len(Ss)
     i = 0
@@ -71,8 +71,12 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
                 x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
                 times, spread = {}, {}
-                for name in programs:
-                    t = timer(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name))
+                direction = variant[:3]
+                for name in (n for n, p in routes.PROGRAMS.items() if p.direction == direction):
+                    if direction == "fwd":
+                        t = timer(lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
+                    else:
+                        t = timer(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name))
                     q = statistics.quantiles(t, n=4)
                     times[name] = statistics.median(t)
                     spread[name] = (q[2] - q[0]) / times[name]
@@ -86,9 +90,9 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
     default by more than ``margin`` (and by more than its measured spread); its token floor is the
     smallest S from which it wins at every larger measured S. Adjacent C with the same winner and
     floor merge into one band ending at the next measured C."""
-    default = routes.BWD_DEFAULT.program
     rules: dict[str, list[routes.Rule]] = {}
     for variant in sorted({m.variant for m in ms}):
+        default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
         vm = [m for m in ms if m.variant == variant]
         Cs = sorted({m.C for m in vm})
         Ss = sorted({m.S for m in vm})
@@ -157,7 +161,6 @@ def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> 
 
 def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
     path = ROOT.parent / "docs" / f"routes-{arch}.md"
-    programs = list(ms[0].times)
     out = [
         f"# Route evidence for {arch}",
         "",
@@ -172,11 +175,11 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
     for variant, rs in rules.items():
         out.append(f"* `{variant}`: " + ("; ".join(f"`{r.program}` for {r.c_lo} <= C < {r.c_hi}, S >= {r.s_min}" for r in rs) or "default only"))
     for variant in sorted({m.variant for m in ms}):
+        programs = list(next(m for m in ms if m.variant == variant).times)
         out += ["", f"## {variant}", "", "| S | C | " + " | ".join(programs) + " | routed |", "|---" * (len(programs) + 3) + "|"]
         for m in sorted((m for m in ms if m.variant == variant), key=lambda m: (m.S, m.C)):
-            routed = next(
-                (r.program for r in rules.get(variant, []) if r.matches(m.C, m.S, 4, "bfloat16")), routes.BWD_DEFAULT.program
-            )
+            default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
+            routed = next((r.program for r in rules.get(variant, []) if r.matches(m.C, m.S, 4, "bfloat16")), default)
             best = min(m.times, key=m.times.get)
             cells = [f"**{m.times[p]:.1f}**" if p == best else f"{m.times[p]:.1f}" for p in programs]
             out.append(f"| {m.S} | {m.C} | " + " | ".join(cells) + f" | {routed} |")
@@ -188,7 +191,7 @@ def main(argv=None) -> None:
     from .bench import meta as bench_meta
 
     p = argparse.ArgumentParser(prog="python -m conv1d_silu.tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="*", default=list(BWD_VARIANTS))
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     p.add_argument("--C", type=int, nargs="*", default=DEFAULT_C)
     p.add_argument("--S", type=int, nargs="*", default=list(DEFAULT_S))
     p.add_argument("--reps", type=int, default=9)
@@ -208,10 +211,8 @@ def main(argv=None) -> None:
         if args.json:
             Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
     rules = choose(ms)
-    programs = list(ms[0].times)
-    print("variant S C " + " ".join(programs))
     for m in ms:
-        print(m.variant, m.S, m.C, " ".join(f"{m.times[p]:.1f}" for p in programs))
+        print(m.variant, m.S, m.C, " ".join(f"{p}={t:.1f}" for p, t in m.times.items()))
     for variant, rs in rules.items():
         print(variant, [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rs])
     if not args.no_write:

@@ -10,6 +10,7 @@ from conv1d_silu import causal_conv1d_silu, routes
 from helpers import api_kwargs, make_case
 
 BWD_PROGRAMS = [name for name, p in routes.PROGRAMS.items() if p.direction == "bwd"]
+FWD_PROGRAMS = [name for name, p in routes.PROGRAMS.items() if p.direction == "fwd"]
 
 
 def _grads(case, program=None, runs=1):
@@ -54,6 +55,6 @@ def test_every_program_gives_the_same_bits(kernel_backend, shape, dtype):
     case = make_case(**SHAPES[shape], dtype=dtype, device=kernel_backend.device)
     case["dy"] = torch.randn_like(case["x"])
     base = _grads(case, program="rowgroup")[0]
-    for name in BWD_PROGRAMS:
+    for name in BWD_PROGRAMS + FWD_PROGRAMS:
         for a, b in zip(base, _grads(case, program=name)[0]):
             assert torch.equal(a, b), name
