@@ -66,25 +66,88 @@ template <> struct Acc<double> { using type = double; };
 C1S_FN float fma_(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 C1S_FN double fma_(double a, double b, double c) { return __fma_rn(a, b, c); }
 
-C1S_FN float sigmoid(float z) { return __frcp_rn(1.0f + __expf(-z)); }
+// 1 / (1 + e^-z): ex2 and rcp on the special-function unit (approximate to ~1 ulp), exact 0 / 1
+// at -inf / +inf, NaN in -> NaN out.
+#ifndef CONV1D_SILU_EMULATE
+C1S_FN float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+C1S_FN float exp2_approx(float v) {  // MUFU.EX2 alone (no denormal-range fix-up: ftz)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+#else
+inline float rcp_approx(float v) { return 1.0f / v; }
+inline float exp2_approx(float v) { return std::exp2(v); }
+#endif
+C1S_FN float sigmoid(float z) { return rcp_approx(1.0f + exp2_approx(z * -1.4426950408889634f)); }
 C1S_FN double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+// silu'(z) = s (1 + z (1 - s)) = s + z s (1 - s), two FMAs given s.
+template <typename A> C1S_FN A silu_grad(A z, A s) { return fma_(z, fma_(-s, s, s), s); }
 
 // ---- vectors of VEC elements (VEC * sizeof(T) <= 16 bytes, aligned) --------------------------
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
+// 16-bit formats move in pairs: one 32-bit word holds elements (2i, 2i+1), low half first.
+template <typename T> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<bf16> { static constexpr bool value = true; };
+template <> struct IsHalf<f16> { static constexpr bool value = true; };
+
+C1S_FN void unpack2(bf16, unsigned int u, float& lo, float& hi) {
+  lo = __uint_as_float(u << 16);
+  hi = __uint_as_float(u & 0xffff0000u);
+}
+C1S_FN void unpack2(f16, unsigned int u, float& lo, float& hi) {
+  lo = cvt<float>(f16{(unsigned short)(u & 0xffffu)});
+  hi = cvt<float>(f16{(unsigned short)(u >> 16)});
+}
+#ifndef CONV1D_SILU_EMULATE
+C1S_FN unsigned int pack2(bf16, float lo, float hi) {
+  unsigned int u;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+}
+C1S_FN unsigned int pack2(f16, float lo, float hi) {
+  unsigned int u;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+}
+#else
+template <typename H> inline unsigned int pack2(H, float lo, float hi) {
+  return (unsigned int)cvt<H>(lo).bits | ((unsigned int)cvt<H>(hi).bits << 16);
+}
+#endif
+
 template <typename A, typename T, int N, typename I>
 C1S_FN void load_vec(const T* __restrict__ base, I offset, A (&out)[N]) {
-  const Vec<T, N> r = *reinterpret_cast<const Vec<T, N>*>(base + offset);
+  if constexpr (IsHalf<T>::value && N % 2 == 0) {
+    const Vec<unsigned int, N / 2> r = *reinterpret_cast<const Vec<unsigned int, N / 2>*>(base + offset);
 #pragma unroll
-  for (int e = 0; e < N; ++e) out[e] = cvt<A>(r.v[e]);
+    for (int i = 0; i < N / 2; ++i) unpack2(T{}, r.v[i], out[2 * i], out[2 * i + 1]);
+  } else {
+    const Vec<T, N> r = *reinterpret_cast<const Vec<T, N>*>(base + offset);
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = cvt<A>(r.v[e]);
+  }
 }
 
 template <typename T, typename A, int N, typename I>
 C1S_FN void store_vec(T* __restrict__ base, I offset, const A (&in)[N]) {
-  Vec<T, N> r;
+  if constexpr (IsHalf<T>::value && N % 2 == 0) {
+    Vec<unsigned int, N / 2> r;
 #pragma unroll
-  for (int e = 0; e < N; ++e) r.v[e] = cvt<T>(in[e]);
-  *reinterpret_cast<Vec<T, N>*>(base + offset) = r;
+    for (int i = 0; i < N / 2; ++i) r.v[i] = pack2(T{}, in[2 * i], in[2 * i + 1]);
+    *reinterpret_cast<Vec<unsigned int, N / 2>*>(base + offset) = r;
+  } else {
+    Vec<T, N> r;
+#pragma unroll
+    for (int e = 0; e < N; ++e) r.v[e] = cvt<T>(in[e]);
+    *reinterpret_cast<Vec<T, N>*>(base + offset) = r;
+  }
 }
 
 // dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
@@ -95,6 +158,15 @@ C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
 }
 
 template <bool B> struct Bool { static constexpr bool value = B; };
+template <int V> struct Int { static constexpr int value = V; };
+
+// f(Int<0>{}), f(Int<1>{}), ..., f(Int<N-1>{}): a loop whose index is a compile-time constant.
+template <int I, int N, typename F> C1S_FN void static_for(F&& f) {
+  if constexpr (I < N) {
+    f(Int<I>{});
+    static_for<I + 1, N>(f);
+  }
+}
 
 template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }
 template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
@@ -204,21 +276,24 @@ C1S_FN void load_weights(const TW* __restrict__ w, const TW* __restrict__ bias, 
   }
 }
 
-// Window rows 1..K-1 := the K-1 tokens before token r0, of which pos0 are inside its document:
-// x there, the document's initial state rows before (state < n_docs), else 0. With pos0 = 0 it
-// is the reset at a document start. The caller shifts the window when it loads token r0.
-template <int K, int VEC, bool HAS_INIT, typename A, typename T, typename I>
+// Windows are rings of K rows indexed by a compile-time phase P: the token stepped at phase P
+// sits in slot P, and tap k (token t - (K-1) + k) in slot (P + 1 + k) % K, so stepping needs no
+// register moves. window_before<P> fills taps 0..K-2 of a step at phase P with the K-1 tokens
+// before token t, of which pos0 are inside its document: x there, the document's initial state
+// rows before it (state < n_docs), else 0. With pos0 = 0 it is the reset at a document start.
+template <int P, int K, int VEC, bool HAS_INIT, typename A, typename T, typename I>
 C1S_FN void window_before(const T* __restrict__ x, long long x_rs, const T* __restrict__ init, int C, int c0,
-                          long long r0, int pos0, int state, int n_docs, A (&xw)[K][VEC]) {
+                          long long t, int pos0, int state, int n_docs, A (&ring)[K][VEC]) {
 #pragma unroll
   for (int m = 0; m < K - 1; ++m) {
+    A (&row)[VEC] = ring[(P + 1 + m) % K];
     if (K - 1 - m <= pos0) {
-      load_vec(x, (I)(r0 - (K - 1) + m) * (I)x_rs + c0, xw[m + 1]);
+      load_vec(x, (I)(t - (K - 1) + m) * (I)x_rs + c0, row);
     } else if (HAS_INIT && state < n_docs) {
-      load_vec(init, ((I)state * (K - 1) + m + pos0) * (I)C + c0, xw[m + 1]);
+      load_vec(init, ((I)state * (K - 1) + m + pos0) * (I)C + c0, row);
     } else {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) xw[m + 1][e] = A(0);
+      for (int e = 0; e < VEC; ++e) row[e] = A(0);
     }
   }
 }

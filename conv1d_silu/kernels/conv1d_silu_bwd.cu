@@ -64,31 +64,36 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       A wv[K][VEC], bv[VEC];
       load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
-      // Windows over rows t-(K-1) .. t: xw = xx, gw = g, did = document ordinal (-2: before r0,
-      // -1: past S), and for the initial-state gradient: sf = a document starts there, sid = its
-      // state row.
+      // Rings over the last K tokens (see window_before): xr = xx, gr = g, dr = document ordinal
+      // (-2: before r0, -1: past the sequence), and for the initial-state gradient: fr = a
+      // document starts there, sr = its state row.
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, r0, K - 1);
-      A xw[K][VEC], gw[K][VEC];
-      int did[K], sid[K];
-      bool sf[K];
+      A xr[K][VEC], gr[K][VEC];
+      int dr[K], sr[K];
+      bool fr[K];
 #pragma unroll
       for (int m = 0; m < K; ++m) {
-        did[m] = -2;
-        sid[m] = 0;
-        sf[m] = false;
+        dr[m] = -2;
+        sr[m] = 0;
+        fr[m] = false;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) gw[m][e] = A(0);
+        for (int e = 0; e < VEC; ++e) gr[m][e] = A(0);
       }
-      window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xw);
+      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
       int ordinal = 0;
 
-      // One token t: extend the windows, accumulate the slab partial if t is an own row, emit
-      // dx[t-(K-1)] and the initial-state gradients that complete at t. `full` (a compile-time
-      // tag) promises t < S. Rows S .. S+n_next-1 are trailing rows (context parallelism: the
-      // next rank's first tokens of the same document): their g completes dx, nothing else.
-      auto step = [&](long long t, bool own, auto full) {
+      // Token t = r0 + j at ring phase P: extend the rings, accumulate the slab partial if t is
+      // an own row, emit dx[t-(K-1)] and the initial-state gradients that complete at t. With
+      // FULL (compile-time) the caller promises r0 <= t < r_end (an own row, inside S). Rows
+      // S .. S+n_next-1 are trailing rows (context parallelism: the next rank's first tokens of
+      // the same document): their g completes dx, nothing else.
+      const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
+      auto step = [&](auto phase, auto full, int j) {
+        constexpr int P = decltype(phase)::value;
         constexpr bool FULL = decltype(full)::value;
+        const long long t = r0 + j;
+        const bool own = FULL || j < own_steps;
         A g[VEC];
         int d_new = -1, s_new = 0;
         bool start = false;
@@ -101,26 +106,21 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
             load_vec(x, (I)t * (I)x_rs + c0, xv);
             load_vec(dy, (I)t * (I)dy_rs + c0, dv);
           }
-          if (t == r0) {
+          if (j == 0) {
             start = pos0 == 0;
           } else if ((FULL || t < S) && docs.next(da, t)) {
             start = true;
             ++ordinal;
-            window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xw);
+            window_before<P, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xr);
           }
 #pragma unroll
-          for (int m = 0; m < K - 1; ++m)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) xw[m][e] = xw[m + 1][e];
-#pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            xw[K - 1][e] = xv[e];
+            xr[P][e] = xv[e];
             if (SILU) {
               A z = bv[e];
 #pragma unroll
-              for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xw[k][e], z);
-              const A s = sigmoid(z);
-              g[e] = dv[e] * (s * (A(1) + z * (A(1) - s)));
+              for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
+              g[e] = dv[e] * silu_grad(z, sigmoid(z));
             } else {
               g[e] = dv[e];
             }
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
 #pragma unroll
-              for (int k = 0; k < K; ++k) acc[k][e] = fma_(g[e], xw[k][e], acc[k][e]);
+              for (int k = 0; k < K; ++k) acc[k][e] = fma_(g[e], xr[(P + 1 + k) % K][e], acc[k][e]);
               if (HAS_BIAS) acc[NB - 1][e] += g[e];
             }
           }
@@ -139,97 +139,83 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
           for (int e = 0; e < VEC; ++e) g[e] = A(0);
         }
+        dr[P] = d_new;
+        sr[P] = s_new;
+        fr[P] = start;
 #pragma unroll
-        for (int m = 0; m < K - 1; ++m) {
-          did[m] = did[m + 1];
-          sid[m] = sid[m + 1];
-          sf[m] = sf[m + 1];
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) gw[m][e] = gw[m + 1][e];
-        }
-        did[K - 1] = d_new;
-        sid[K - 1] = s_new;
-        sf[K - 1] = start;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) gw[K - 1][e] = g[e];
+        for (int e = 0; e < VEC; ++e) gr[P][e] = g[e];
 
+        // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
         const long long u = t - (K - 1);
-        if (u >= r0 && u < r_end) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+        const int ju = j - (K - 1);
+        if (ju >= 0 && ju < own_steps) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+          // one document and all window rows inside S: no masks needed
+          constexpr bool ALL_SAME = FULL && MODE == SINGLE;
+          constexpr int first = (P + 1) % K;
           A dxv[VEC];
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            A s = A(0);
+            A v = A(0);
 #pragma unroll
             for (int m = 0; m < K; ++m)
-              if (did[m] == did[0]) s = fma_(wv[K - 1 - m][e], gw[m][e], s);
-            dxv[e] = s;
+              if (ALL_SAME || dr[(P + 1 + m) % K] == dr[first])
+                v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
+            dxv[e] = v;
           }
           store_vec(dx, (I)u * (I)C + c0, dxv);
         }
         if (HAS_INIT) {
-          // A document starting at row t-(K-1)+m (m >= 1) completes its initial-state row K-1-m.
+          // A document starting at window row m >= 1 completes its initial-state row K-1-m.
 #pragma unroll
           for (int m = 1; m < K; ++m) {
-            const long long rm = t - (K - 1) + m;
-            if (sf[m] && sid[m] < n_docs && rm >= r0 && rm < r_end) {
+            const int q0 = (P + 1 + m) % K;
+            if (fr[q0] && sr[q0] < n_docs && ju + m >= 0 && ju + m < own_steps) {
               A dv[VEC];
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {
-                A s = A(0);
+                A v = A(0);
 #pragma unroll
                 for (int q = m; q < K; ++q)
-                  if (did[q] == did[m]) s = fma_(wv[K - 1 - q][e], gw[q][e], s);
-                dv[e] = s;
+                  if (dr[(P + 1 + q) % K] == dr[q0]) v = fma_(wv[K - 1 - q][e], gr[(P + 1 + q) % K][e], v);
+                dv[e] = v;
               }
-              store_vec(dinit, ((I)sid[m] * (K - 1) + (K - 1 - m)) * (I)C + c0, dv);
+              store_vec(dinit, ((I)sr[q0] * (K - 1) + (K - 1 - m)) * (I)C + c0, dv);
             }
           }
         }
-      };
-
-      long long t_next = r0;  // the next token to step (the tail continues from it)
-      for (int s = 0; s < SPL; ++s) {
-        const long long base = r0 + (long long)s * SLAB;
-        if (base >= S) break;
-        t_next = base + SLAB;
-        if (base + SLAB <= S) {
-#pragma unroll 8
-          for (int j = 0; j < SLAB; ++j) step(base + j, true, Bool<true>{});
-        } else {
-          for (int j = 0; j < SLAB; ++j) step(base + j, base + j < S, Bool<false>{});
-        }
-        if (SPL > 1) {  // fold slab s into the lane's level-1 node (index order, in the slot)
+        if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
+          // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
+          // past S fold their +0 like any other)
 #pragma unroll
           for (int k = 0; k < NB; ++k)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              my_slot[k * tile_c + e] = s == 0 ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
+              my_slot[k * tile_c + e] = j < SLAB ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
               acc[k][e] = A(0);
             }
         }
+      };
+
+      // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
+      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;
+      for (int j0 = 0; j0 < N_STEPS; j0 += K) {
+        if (j0 + K <= own_steps) {
+          static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
+        } else {
+          static_for<0, K>([&](auto p) {
+            if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, j0 + decltype(p)::value);
+          });
+        }
       }
-      // Tail: g of the next K-1 tokens completes dx of the last own rows (and initial states).
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j) step(t_next + j, false, Bool<false>{});
     }
 
-    // Node value of this lane: its slab partial (SPL = 1) or its level-1 node (SPL = 8, the
-    // slot already holds the folds of the slabs it walked; slabs past S fold as +0).
-    if (c0 < C) {
-      if (SPL == 1 || r0 >= S) {
+    // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
+    // slot, all 8 slabs folded); a lane without rows contributes +0.
+    if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
-        for (int k = 0; k < NB; ++k)
+      for (int k = 0; k < NB; ++k)
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
-      } else {
-        // Slabs past S (a lane that stopped early) fold as +0: x + (+0) in index order.
-        const long long walked = (S - r0 + SLAB - 1) / SLAB;
-        for (long long s = walked; s < SPL; ++s)
-#pragma unroll
-          for (int k = 0; k < NB; ++k)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = my_slot[k * tile_c + e] + A(0);
-      }
+        for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
     }
     __syncthreads();
 

@@ -29,43 +29,45 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     A wv[K][VEC], bv[VEC];
     load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
-    // Window xw[k] = xx[t - (K-1) + k]; before the first token, xw[1..K-1] hold the K-1 rows
-    // preceding r0 (x inside the document, else its initial state rows, else 0).
+    // Ring of the last K tokens (see window_before): the token at phase P sits in slot P, tap k in
+    // slot (P + 1 + k) % K. Before the first token it holds the K-1 rows preceding r0.
     Docs<MODE> docs;
     const int pos0 = docs.begin(da, r0, K - 1);
-    A xw[K][VEC];
-    window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xw);
+    A xr[K][VEC];
+    window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
 
     const long long rows = min_<long long>(ROWS, S - r0);
-#pragma unroll 8
-    for (int i = 0; i < rows; ++i) {
+    auto step = [&](auto phase, long long i) {
+      constexpr int P = decltype(phase)::value;
       const long long t = r0 + i;
       A xv[VEC];
       load_vec(x, (I)t * (I)x_rs + c0, xv);
       if (i > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
-        window_before<K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xw);
+        window_before<P, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xr);
       }
-#pragma unroll
-      for (int m = 0; m < K - 1; ++m) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) xw[m][e] = xw[m + 1][e];
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) xw[K - 1][e] = xv[e];
-
       A yv[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
+        xr[P][e] = xv[e];
         A z = bv[e];
 #pragma unroll
-        for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xw[k][e], z);
+        for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
         yv[e] = SILU ? z * sigmoid(z) : z;
       }
       store_vec(y, (I)t * (I)C + c0, yv);
-
-      if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // the document's last K-1 rows (initial state included)
+      if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // its last K-1 rows (states included)
 #pragma unroll
-        for (int j = 0; j < K - 1; ++j) store_vec(final_states, ((I)docs.state * (K - 1) + j) * (I)C + c0, xw[j + 1]);
+        for (int j = 0; j < K - 1; ++j)
+          store_vec(final_states, ((I)docs.state * (K - 1) + j) * (I)C + c0, xr[(P + 2 + j) % K]);
+      }
+    };
+    for (long long i0 = 0; i0 < rows; i0 += K) {  // one ring turn at a time
+      if (i0 + K <= rows) {
+        static_for<0, K>([&](auto p) { step(p, i0 + decltype(p)::value); });
+      } else {
+        static_for<0, K>([&](auto p) {
+          if (i0 + decltype(p)::value < rows) step(p, i0 + decltype(p)::value);
+        });
       }
     }
   }
