@@ -60,7 +60,7 @@ def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
 
 def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr) -> list[Measurement]:
     device = torch.device("cuda")
-    timer = Timer(device, reps, warmup=2, graph=False)
+    timer = Timer(device, reps, warmup=2, graph=True)  # graph replays: kernel time, no host overhead
     out = []
     total = len(variants) * len(Cs) * len(Ss)
     i = 0
@@ -165,8 +165,8 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         f"# Route evidence for {arch}",
         "",
         f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, commit {meta['commit'][:10]}, "
-        f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-event timings (µs) of the whole backward "
-        "call (allocation, ticket memset, kernel). A non-default program is routed only where it beat `rowgroup` by more "
+        f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
+        "(allocation, ticket memset, kernels), timed with CUDA events. A non-default program is routed only where it beat `rowgroup` by more "
         "than 3 % and more than the interquartile spread, at the floor and at every larger S.",
         "",
         "## Rules",
