@@ -75,16 +75,20 @@ class Timer:
             return out
         run = fn
         if self.graph:
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-                torch.cuda.synchronize()
-                with torch.cuda.graph(g, stream=s):
+            try:
+                g = torch.cuda.CUDAGraph()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
                     fn()
-            torch.cuda.current_stream().wait_stream(s)
-            run = g.replay
+                    torch.cuda.synchronize()
+                    with torch.cuda.graph(g, stream=s):
+                        fn()
+                torch.cuda.current_stream().wait_stream(s)
+                run = g.replay
+            except Exception as err:  # report and time eagerly rather than lose the row
+                sys.stderr.write(f"\ngraph capture failed ({err}); timing eagerly\n")
+                torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
         for i in range(self.reps):
