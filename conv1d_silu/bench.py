@@ -64,8 +64,9 @@ class Timer:
             self.flush_buf.fill_(1.0)
 
     def __call__(self, fn: Callable[[], object]) -> list[float]:
-        for _ in range(self.warmup):
-            fn()
+        if not self.graph:
+            for _ in range(self.warmup):
+                fn()
         if not self.cuda:
             out = []
             for _ in range(self.reps):
@@ -79,8 +80,9 @@ class Timer:
                 g = torch.cuda.CUDAGraph()
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    fn()
+                with torch.cuda.stream(s):  # warm up on the capture stream (autograd follows it)
+                    for _ in range(max(1, self.warmup)):
+                        fn()
                     torch.cuda.synchronize()
                     with torch.cuda.graph(g, stream=s):
                         fn()
@@ -151,14 +153,17 @@ def _impls(args) -> dict[str, Callable]:
 
 def _timed_calls(fn, x, w, b, dy):
     inputs = [x, w] + ([b] if b is not None else [])
+    saved = []
 
     def fwd():
         return fn(x, w, b)
 
-    y_saved = fwd()
-
     def bwd():
-        return torch.autograd.grad(y_saved, inputs, dy, retain_graph=True)
+        # the forward runs once, on the stream of the first call (the capture stream in graph
+        # mode), so the backward it records runs there too
+        if not saved:
+            saved.append(fwd())
+        return torch.autograd.grad(saved[0], inputs, dy, retain_graph=True)
 
     def fwdbwd():
         return torch.autograd.grad(fn(x, w, b), inputs, dy)
@@ -212,7 +217,7 @@ def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     timer = Timer(device, args.reps, args.warmup, args.graph)
-    bw = copy_bandwidth(device, timer)
+    bw = copy_bandwidth(device, Timer(device, args.reps, args.warmup, graph=False))  # GPU-bound: eager
     impls = _impls(args)
     shapes = args.shapes or (default_shapes() if device.type == "cuda" else [(4096, 64), (8192, 128)])
     rows: list[Row] = []

@@ -1,9 +1,21 @@
-"""Measured sm_90 (H100 / H200) route rows, written by ``python -m conv1d_silu.tune``.
-
-Each variant maps to rules tried before the default; docs/routes-sm_90.md holds the timings that
-chose them. Empty until the tuner has run on an H200.
-"""
+"""Measured sm_90 route rows, written by ``python -m conv1d_silu.tune`` on NVIDIA H200
+(2026-12-02 16:04:30, commit 20cb14489d). Evidence: docs/routes-sm_90.md."""
 
 from __future__ import annotations
 
-ROUTES: dict = {}
+from .routes import INF, Rule
+
+ROUTES: dict = {
+    'bwd': [
+        Rule('rowgroup_long', 264, 1024, 262144, why='measured on this arch: beats the default for 264 <= C < 1024, S >= 262144 (docs/routes-<arch>.md)'),
+        Rule('rowgroup_long', 1024, 4096, 65536, why='measured on this arch: beats the default for 1024 <= C < 4096, S >= 65536 (docs/routes-<arch>.md)'),
+        Rule('rowgroup_sm_long', 4096, INF, 65536, why='measured on this arch: beats the default for 4096 <= C < inf, S >= 65536 (docs/routes-<arch>.md)'),
+    ],
+    'bwd_bias': [
+        Rule('rowgroup_8b', 264, 4096, 65536, why='measured on this arch: beats the default for 264 <= C < 4096, S >= 65536 (docs/routes-<arch>.md)'),
+        Rule('rowgroup_long', 4096, INF, 65536, why='measured on this arch: beats the default for 4096 <= C < inf, S >= 65536 (docs/routes-<arch>.md)'),
+    ],
+    'fwd': [
+        Rule('fwd_rows_8b', 264, INF, 65536, why='measured on this arch: beats the default for 264 <= C < inf, S >= 65536 (docs/routes-<arch>.md)'),
+    ],
+}

@@ -98,23 +98,27 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
         Ss = sorted({m.S for m in vm})
         table = {(m.C, m.S): m for m in vm}
 
-        def winner(C, S):
+        def wins(program, C, S):
             m = table[(C, S)]
-            best = min(m.times, key=m.times.get)
-            gain = 1 - m.times[best] / m.times[default]
-            noise = max(m.spread[best], m.spread[default])
-            return best if best != default and gain > max(margin, noise) else default
+            gain = 1 - m.times[program] / m.times[default]
+            return gain > max(margin, m.spread[program], m.spread[default])
 
-        picks = []  # (C, program, floor)
+        picks = []  # (C, (program, floor) or None)
         for C in Cs:
-            wins = [winner(C, S) for S in Ss]
-            chosen = None
-            for j in range(len(Ss)):
-                tail = set(wins[j:])
-                if len(tail) == 1 and wins[j] != default:
-                    chosen = (wins[j], Ss[j])
-                    break
-            picks.append((C, chosen))
+            # each candidate's floor: the smallest measured S from which it beats the default at
+            # every larger S; the lowest floor wins, then the lowest total time
+            best = None
+            for program in table[(C, Ss[0])].times:
+                if program == default:
+                    continue
+                floor = next((s for j, s in enumerate(Ss) if all(wins(program, C, t) for t in Ss[j:])), None)
+                if floor is None:
+                    continue
+                total = sum(table[(C, t)].times[program] for t in Ss if t >= floor)
+                key = (floor, total)
+                if best is None or key < best[0]:
+                    best = (key, program, floor)
+            picks.append((C, None if best is None else (best[1], best[2])))
         bands = []
         for idx, (C, chosen) in enumerate(picks):
             if chosen is None:
@@ -125,7 +129,11 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
             else:
                 bands.append([C, C, c_hi, *chosen])
         rules[variant] = [
-            routes.Rule(program, lo, hi, floor, why=f"measured fastest on this arch for {lo} <= C < {hi}, S >= {floor}")
+            routes.Rule(
+                program, lo, hi, floor,
+                why=f"measured on this arch: beats the default for {lo} <= C < {'inf' if hi >= routes.INF else hi}, "
+                f"S >= {floor} (docs/routes-<arch>.md)",
+            )
             for lo, _, hi, program, floor in sorted(bands, key=lambda b: (-b[4], b[0]))
         ]
     return rules
@@ -167,13 +175,23 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, commit {meta['commit'][:10]}, "
         f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
         "(allocation, ticket memset, kernels), timed with CUDA events. A non-default program is routed only where it beat `rowgroup` by more "
-        "than 3 % and more than the interquartile spread, at the floor and at every larger S.",
+        "than 3 % and more than the interquartile spread, at the floor and at every larger S. Bands run from one "
+        "measured C to the next; variants not listed here were not measured and use the default.",
         "",
         "## Rules",
         "",
     ]
     for variant, rs in rules.items():
-        out.append(f"* `{variant}`: " + ("; ".join(f"`{r.program}` for {r.c_lo} <= C < {r.c_hi}, S >= {r.s_min}" for r in rs) or "default only"))
+        out.append(
+            f"* `{variant}`: "
+            + (
+                "; ".join(
+                    f"`{r.program}` for {r.c_lo} <= C < {'inf' if r.c_hi >= routes.INF else r.c_hi}, S >= {r.s_min}"
+                    for r in rs
+                )
+                or "default only"
+            )
+        )
     for variant in sorted({m.variant for m in ms}):
         programs = list(next(m for m in ms if m.variant == variant).times)
         out += ["", f"## {variant}", "", "| S | C | " + " | ".join(programs) + " | routed |", "|---" * (len(programs) + 3) + "|"]
