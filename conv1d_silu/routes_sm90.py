@@ -18,4 +18,12 @@ ROUTES: dict = {
     'fwd': [
         Rule('fwd_rows_8b', 264, INF, 65536, why='measured on this arch: beats the default for 264 <= C < inf, S >= 65536 (docs/routes-<arch>.md)'),
     ],
+    # Not measured yet (the tuner's next run will): the same forward kernel with a bias or a
+    # document table, routed like 'fwd', whose 8-byte program won at every measured shape.
+    'fwd_bias': [
+        Rule('fwd_rows_8b', 264, INF, 65536, why="extrapolated from the 'fwd' rows (same kernel); re-run the tuner"),
+    ],
+    'fwd_dt': [
+        Rule('fwd_rows_8b', 264, INF, 65536, why="extrapolated from the 'fwd' rows (same kernel); re-run the tuner"),
+    ],
 }
