@@ -157,7 +157,8 @@ def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> 
         lines.append(f"    {variant!r}: [")
         for r in rs:
             hi = "INF" if r.c_hi >= routes.INF else r.c_hi
-            lines.append(f"        Rule({r.program!r}, {r.c_lo}, {hi}, {r.s_min}, why={r.why!r}),")
+            why = r.why.replace("<arch>", arch)
+            lines.append(f"        Rule({r.program!r}, {r.c_lo}, {hi}, {r.s_min}, why={why!r}),")
         lines.append("    ],")
     lines.append("}")
     text = "\n".join(lines) + "\n"
