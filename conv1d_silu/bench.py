@@ -180,8 +180,8 @@ def copy_bandwidth(device: torch.device, timer: Timer) -> float:
     return 2 * n / (us * 1e-6)
 
 
-def host_overhead_us(device: torch.device, iters: int = 300) -> dict[str, float]:
-    """CPU time of one eager fwd+bwd call at a tiny size, and PyTorch's (x * 2).sum().backward()."""
+def tiny_steps(device: torch.device) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(ours, theirs): one eager fwd+bwd of ours at 64 x 64, and PyTorch's (x * 2).sum().backward()."""
     x = torch.randn(64, 64, device=device, requires_grad=True)
     w = torch.randn(64, 4, device=device, requires_grad=True)
     b = torch.randn(64, device=device, requires_grad=True)
@@ -192,6 +192,12 @@ def host_overhead_us(device: torch.device, iters: int = 300) -> dict[str, float]
     def theirs():
         (x * 2).sum().backward()
 
+    return ours, theirs
+
+
+def host_overhead_us(device: torch.device, iters: int = 300) -> dict[str, float]:
+    """CPU time per call of the two tiny steps (the GPU is idle at that size)."""
+    ours, theirs = tiny_steps(device)
     out = {}
     for name, fn in (("torch_x2_sum_backward", theirs), ("conv1d_silu_fwd_bwd", ours)):
         for _ in range(20):

@@ -7,36 +7,21 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import causal_conv1d_silu  # noqa: E402
+from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 
 
 def main() -> None:
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.randn(64, 64, device=dev, requires_grad=True)
-    w = torch.randn(64, 4, device=dev, requires_grad=True)
-    b = torch.randn(64, device=dev, requires_grad=True)
-
-    def ours():
-        causal_conv1d_silu(x, w, b).sum().backward()
-
-    def theirs():
-        (x * 2).sum().backward()
-
-    for fn in (theirs, ours):
-        for _ in range(30):
-            fn()
-        torch.cuda.synchronize() if dev == "cuda" else None
-        t0 = time.process_time()
-        for _ in range(300):
-            fn()
-        print(f"{fn.__name__}: {(time.process_time() - t0) / 300 * 1e6:.1f} us CPU per call")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    times = host_overhead_us(device)
+    print(f"theirs: {times['torch_x2_sum_backward']:.1f} us CPU per call")
+    print(f"ours: {times['conv1d_silu_fwd_bwd']:.1f} us CPU per call (ratio {times['ratio']:.2f})")
+    ours, _ = tiny_steps(device)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(300):
