@@ -280,7 +280,6 @@ def backward(
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
         index_64=plan.index_64,
         max_offset=plan.max_offset,
-        persistent=program.persistent,
     )
     if program.persistent:
         per_sm = launcher.max_active_blocks(launch, x.device)

@@ -15,9 +15,8 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import kernels
@@ -45,8 +44,6 @@ class Launch:
     one_d_grid: bool = True
     index_64: bool = False
     max_offset: int = 0  # largest element offset the kernel forms
-    persistent: bool = False
-    notes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -247,6 +244,3 @@ def cache_dir() -> str:
     """CuPy's on-disk kernel cache (``CUPY_CACHE_DIR``)."""
     return os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
 
-
-def as_np_int(v: int, wide: bool) -> np.integer:
-    return np.int64(v) if wide else np.int32(v)
