@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import autograd
@@ -17,16 +19,9 @@ def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -
         fail(arg, "dtype torch.float32", buf.dtype, TypeError)
     if buf.device != x.device:
         fail(arg, f"a tensor on {x.device}", buf.device)
-    if buf.numel() != _numel(shape) or not buf.is_contiguous():
+    if buf.numel() != math.prod(shape) or not buf.is_contiguous():
         fail(arg, f"a contiguous buffer of shape {shape}", tuple(buf.shape))
     return buf.view(shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def causal_conv1d_silu(

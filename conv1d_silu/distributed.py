@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from . import ops
 from .documents import SEQ_IDX, SINGLE, DocTable
-from .validation import activation_flag, check_inputs, fail
+from .validation import check_inputs, fail
 
 
 def _all_gather(t: torch.Tensor, group, world: int) -> torch.Tensor:
@@ -199,7 +199,6 @@ def causal_conv1d_silu_cp(
     if not isinstance(x_local, torch.Tensor) or x_local.dim() != 2:
         fail("x_local", "a (S_r, C) tensor", getattr(x_local, "shape", type(x_local).__name__))
     w2, silu, _ = check_inputs(x_local, weight, bias, seq_idx, None, None, False, activation, grad_dtype, program)
-    activation_flag(activation)
     layout = _Layout(x_local.shape[0], group, x_local.device)
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
