@@ -30,8 +30,20 @@ WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
 CALLS = ("fwd", "bwd", "fwdbwd")
 
 
+# The seed's sm_107a rule (routes.py) at both of its token floors: every C it routes to the SM-wide
+# program (264..288, 344..408), C = 256, and the band edges on either side (296, 336, 416): 17 C x 2 S.
+SEED_RULE_C = (256, 264, 272, 280, 288, 296, 336, *range(344, 409, 8), 416)
+SEED_RULE_S = (32768, 262144)
+
+
 def default_shapes() -> list[tuple[int, int]]:
     return [(s, c) for s in SEED_S for c in SEED_C] + [(1048576, c) for c in WIDE_C]
+
+
+PRESETS = {
+    "default": default_shapes,
+    "seed-rule": lambda: [(s, c) for s in SEED_RULE_S for c in SEED_RULE_C],
+}
 
 
 @dataclass
@@ -127,7 +139,9 @@ def torch_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) ->
 
 
 def _impls(args) -> dict[str, Callable]:
-    impls: dict[str, Callable] = {"conv1d_silu": lambda x, w, b: causal_conv1d_silu(x, w, b)}
+    impls: dict[str, Callable] = {"conv1d_silu": lambda x, w, b: causal_conv1d_silu(x, w, b, program=args.program)}
+    for name in args.baseline_programs:  # our own op forced to another program, as a baseline
+        impls[f"conv1d_silu[{name}]"] = lambda x, w, b, name=name: causal_conv1d_silu(x, w, b, program=name)
     if "eager" in args.baselines:
         impls["torch_eager"] = torch_reference
     if "compile" in args.baselines:
@@ -225,7 +239,7 @@ def run(args) -> dict:
     timer = Timer(device, args.reps, args.warmup, args.graph)
     bw = copy_bandwidth(device, Timer(device, args.reps, args.warmup, graph=False))  # GPU-bound: eager
     impls = _impls(args)
-    shapes = args.shapes or (default_shapes() if device.type == "cuda" else [(4096, 64), (8192, 128)])
+    shapes = args.shapes or (PRESETS[args.preset]() if device.type == "cuda" else [(4096, 64), (8192, 128)])
     rows: list[Row] = []
     itemsize = torch.tensor([], dtype=dtype).element_size()
     total = len(shapes)
@@ -345,6 +359,43 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, path: str) -> None:
+    """Two panels against C (log scale), one line per (call, S): our share of the copy bandwidth,
+    and our speedup over each baseline with its 95 % CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bw_ax, sp_ax) = plt.subplots(1, 2, figsize=(13, 5))
+    ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
+    markers = {"fwd": "o", "bwd": "s", "fwdbwd": "^"}
+    for call in CALLS:
+        for S in sorted({r["S"] for r in ours}):
+            pts = sorted((r["C"], r["pct_copy_bw"]) for r in ours if r["call"] == call and r["S"] == S)
+            if pts:
+                bw_ax.plot(*zip(*pts), marker=markers[call], label=f"{call}, S={S}")
+    for (baseline, call) in sorted({(s["baseline"], s["call"]) for s in result["speedups"]}):
+        for S in sorted({s["S"] for s in result["speedups"]}):
+            pts = sorted((s["C"], s["speedup"], *s["ci95"]) for s in result["speedups"]
+                         if s["baseline"] == baseline and s["call"] == call and s["S"] == S)
+            if pts:
+                c, sp, lo, hi = zip(*pts)
+                err = [[v - a for v, a in zip(sp, lo)], [b - v for v, b in zip(sp, hi)]]
+                sp_ax.errorbar(c, sp, yerr=err, marker=markers[call], capsize=2, label=f"vs {baseline}, {call}, S={S}")
+    m = result["meta"]
+    bw_ax.set(xscale="log", xlabel="channels C", ylabel="% of copy bandwidth",
+              title=f"conv1d_silu on {m['gpu']} ({m['dtype']}, K={m['K']}, copy {m['copy_bandwidth_TBps']:.2f} TB/s)")
+    sp_ax.set(xscale="log", xlabel="channels C", ylabel="speedup (x, 95 % CI)", title="speedup over baselines")
+    sp_ax.axhline(1.0, color="grey", lw=0.8)
+    for ax in (bw_ax, sp_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def _shape(text: str) -> tuple[int, int]:
     s, c = text.split(",")
     return int(s), int(c)
@@ -352,7 +403,11 @@ def _shape(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the seed rows + wide C)")
+    p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the --preset's)")
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                   help="default: the seed rows + wide C; seed-rule: the 34 rows of the seed's sm_107a rule")
+    p.add_argument("--program", help="force our op's program (default: routed)")
+    p.add_argument("--baseline-programs", nargs="*", default=[], help="our op forced to these programs, as baselines")
     p.add_argument("--calls", nargs="*", default=list(CALLS), choices=CALLS)
     p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -367,8 +422,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--csv")
+    p.add_argument("--plot", help="draw %% of bandwidth and speedups vs C into this PNG (matplotlib)")
+    p.add_argument("--from-json", help="skip measuring: report a saved --json result")
     args = p.parse_args(argv)
-    result = run(args)
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+    else:
+        result = run(args)
     text = markdown(result)
     print(text)
     if args.json:
@@ -377,6 +438,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")
+    if args.plot:
+        plot(result, args.plot)
     if args.csv:
         with open(args.csv, "w") as f:
             f.write("S,C,call,impl,median_us,pct_copy_bw,same_run_ratio\n")

@@ -68,10 +68,24 @@ def vector_width(
     """
     vec = max(1, max_bytes // itemsize)
     if bwd:
-        vec = min(vec, max(1, 32 // K))
+        vec = min(vec, 1 << (32 // K).bit_length() - 1)  # a power of two
     while vec > 1 and (C % vec or any(s % vec for s in strides) or align % (vec * itemsize)):
         vec //= 2
     return vec
+
+
+PREFETCH_ROWS = 8  # rows each thread keeps in flight ahead of its math (the cp.async pipeline)
+
+
+def pipe_depth(K: int) -> int:
+    """Stages of the per-thread row pipeline (kernels/common.cuh, RowPipe): one ring turn of K
+    rows each, DEPTH-1 turns (>= PREFETCH_ROWS rows) ahead; two for K >= 6, which keeps the
+    backward's shared memory within a CTA's limit."""
+    return 2 if K >= 6 else 1 + math.ceil(PREFETCH_ROWS / K)
+
+
+def pipe_bytes(K: int, sources: int, threads: int, vec: int, itemsize: int) -> int:
+    return pipe_depth(K) * K * sources * threads * vec * itemsize
 
 
 def _table(doc: DocTable):
@@ -127,10 +141,12 @@ def forward_plan(
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_fwd", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
-        "long long" if wide else "int", rows,
+        "long long" if wide else "int", rows, pipe_depth(K),
     )
     n_units = math.ceil(S / (LANES * rows)) * n_ctiles
-    return Plan(kernel, LANES * tile_v, 0, tile_v, n_ctiles, n_units, wide, max_off)
+    block = LANES * tile_v
+    smem = pipe_bytes(K, 1, block, vec, itemsize)
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off)
 
 
 def forward(
@@ -169,7 +185,7 @@ def forward(
         kernel=plan.kernel,
         grid=(plan.n_units, 1, 1),
         block=plan.block,
-        smem=0,
+        smem=plan.smem,
         args=(
             x, np.int64(row_stride), weight.contiguous(), None if bias is None else bias.contiguous(),
             _table(doc), np.int64(doc.row_len), np.int32(n_docs), init, y, final, np.int64(S), np.int32(C),
@@ -203,11 +219,13 @@ def backward_plan(
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", spl,
+        "long long" if wide else "int", spl, pipe_depth(K),
     )
-    smem = LANES * nb * tile_v * vec * (8 if dtype == torch.float64 else 4)
+    block = LANES * tile_v
+    slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
+    smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     n_units = nodes[cta_level] * n_ctiles
-    return Plan(kernel, LANES * tile_v, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 
 
 def backward(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import ops, routes
+from . import gpu, ops, routes, runtime
 from .bench import Timer
 from .documents import doc_table
 
@@ -43,10 +43,13 @@ class Measurement:
     spread: dict[str, float]  # program -> (p75 - p25) / median
 
 
-def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
+def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device, random: bool = True):
     g = torch.Generator(device=device).manual_seed(S + C)
-    x = torch.randn(S, C, device=device, dtype=dtype, generator=g)
-    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    if random:
+        x = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+        dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    else:  # shapes only (precompile)
+        x = dy = torch.empty(S, C, device=device, dtype=dtype)
     w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
     b = torch.randn(C, device=device, dtype=dtype, generator=g) if "bias" in variant or variant.endswith("_dt") else None
     cu = None
@@ -56,6 +59,58 @@ def _setup(variant: str, S: int, C: int, K: int, dtype: torch.dtype, device):
     grad_dtype = torch.float32 if variant.endswith("fp32g") else dtype
     doc = doc_table(x, None, cu, None)
     return x, dy, w, b, doc, grad_dtype
+
+
+class _Recorder(gpu.Launcher):
+    """Collects the kernels a call would launch, launching nothing."""
+
+    def __init__(self):
+        self.kernels: set[tuple[str, str]] = set()
+
+    def max_active_blocks(self, launch, device) -> int:
+        return 1
+
+    def __call__(self, launch, device) -> None:
+        self.kernels.add((launch.source, launch.kernel))
+
+
+def _call(variant: str, name: str, x, dy, w, b, doc, grad_dtype):
+    if variant.startswith("fwd"):
+        return ops.forward_impl(x, w, b, doc, None, False, True, name)
+    return ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name)
+
+
+def _programs(variant: str) -> list[str]:
+    return [n for n, p in routes.PROGRAMS.items() if p.direction == variant[:3]]
+
+
+def _compile(item: tuple[str, str]) -> str:
+    runtime.function(*item, 0)
+    return item[1]
+
+
+def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8, log=sys.stderr) -> int:
+    """Compile every kernel the measurement will launch, ``jobs`` NVRTC processes at a time
+    (CuPy's on-disk cache keeps them for the timing process); returns how many."""
+    import concurrent.futures
+    import multiprocessing
+
+    recorder = _Recorder()
+    device = torch.device("cuda")
+    with ops.use_launcher(recorder):
+        for variant in variants:
+            for S in Ss:
+                for C in Cs:
+                    x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device, random=False)
+                    for name in _programs(variant):
+                        _call(variant, name, x, dy, w, b, doc, grad_dtype)
+    todo = sorted(recorder.kernels)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for i, _ in enumerate(pool.map(_compile, todo)):
+            log.write(f"\rcompiled {i + 1}/{len(todo)}        ")
+    log.write("\n")
+    return len(todo)
 
 
 def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr) -> list[Measurement]:
@@ -71,12 +126,8 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
                 x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
                 times, spread = {}, {}
-                direction = variant[:3]
-                for name in (n for n, p in routes.PROGRAMS.items() if p.direction == direction):
-                    if direction == "fwd":
-                        t = timer(lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
-                    else:
-                        t = timer(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name))
+                for name in _programs(variant):
+                    t = timer(lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype))
                     q = statistics.quantiles(t, n=4)
                     times[name] = statistics.median(t)
                     spread[name] = (q[2] - q[0]) / times[name]
@@ -214,6 +265,7 @@ def main(argv=None) -> None:
     p.add_argument("--C", type=int, nargs="*", default=DEFAULT_C)
     p.add_argument("--S", type=int, nargs="*", default=list(DEFAULT_S))
     p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--jobs", type=int, default=8, help="parallel NVRTC compiles before timing (0: compile lazily)")
     p.add_argument("--json", help="also dump raw measurements here")
     p.add_argument("--from-json", help="skip measuring: choose rules from a saved dump")
     p.add_argument("--no-write", action="store_true")
@@ -223,6 +275,8 @@ def main(argv=None) -> None:
         ms = [Measurement(**m) for m in raw["measurements"]]
         meta = raw["meta"]
     else:
+        if args.jobs:
+            precompile(args.variants, args.C, args.S, jobs=args.jobs)
         ms = measure(args.variants, args.C, args.S, args.reps)
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)

@@ -11,10 +11,12 @@ import torch
 
 from conv1d_silu import kernels
 from conv1d_silu.documents import BATCH, CU_SEQLENS, SEQ_IDX, SINGLE
+from conv1d_silu.gpu import pipe_depth
 
 bf16, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 
-# (x, weight, grads, K, VEC, bias, doc mode, initial states, silu, index, slabs per lane)
+# (x, weight, grads, K, VEC, bias, doc mode, initial states, silu, index, slabs per lane), then the
+# pipeline depth of K
 BWD = [
     (bf16, bf16, bf16, 4, 8, True, SINGLE, False, True, "int", 1),
     (bf16, bf16, f32, 4, 8, True, CU_SEQLENS, True, True, "int", 8),
@@ -24,7 +26,8 @@ BWD = [
     (f64, f64, f64, 4, 2, True, CU_SEQLENS, True, True, "int", 1),
     (f64, f64, f32, 8, 1, False, SINGLE, False, True, "long long", 8),
 ]
-# (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index, rows per lane)
+# (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index, rows per lane), then
+# the pipeline depth of K
 FWD = [
     (bf16, bf16, 4, 8, True, SINGLE, False, False, True, "int", 32),
     (bf16, f32, 8, 8, True, CU_SEQLENS, True, True, True, "long long", 32),
@@ -33,8 +36,8 @@ FWD = [
     (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
 ]
 INSTANCES = {
-    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a) for a in BWD],
-    "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a) for a in FWD],
+    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3])) for a in BWD],
+    "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
 ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
 # CuPy compiles with these on top of the runtime's own options.

@@ -66,6 +66,7 @@ def test_vector_width_follows_alignment():
     assert gpu.alignment(x) == 16 and gpu.alignment(x[:, 2:]) == 4 and gpu.alignment(None) == 16
     assert gpu.vector_width(2, 4, 24, 16, (24,), bwd=True) == 8
     assert gpu.vector_width(2, 8, 24, 16, (24,), bwd=True) == 4  # backward caps VEC * K at 32
+    assert gpu.vector_width(2, 5, 24, 16, (24,), bwd=True) == 4  # ... to a power of two
     assert gpu.vector_width(2, 4, 7, 16, (7,), bwd=False) == 1
     assert gpu.vector_width(2, 4, 24, 4, (24,), bwd=False) == 2  # address aligned to 4 bytes only
     assert gpu.vector_width(4, 4, 24, 16, (28,), bwd=False) == 4

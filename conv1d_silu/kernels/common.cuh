@@ -150,6 +150,44 @@ C1S_FN void store_vec(T* __restrict__ base, I offset, const A (&in)[N]) {
   }
 }
 
+// ---- per-thread asynchronous row pipeline ---------------------------------------------------
+// A thread copies the rows it will read next into its own slice of shared memory with cp.async
+// (sm_80+): the loads are in flight while it computes the current rows, hold no registers, and
+// need no barrier, because only the issuing thread reads them back (after async_wait). 2-byte
+// vectors (cp.async moves 4, 8 or 16) are copied synchronously.
+#ifndef CONV1D_SILU_EMULATE
+template <int BYTES> C1S_FN void async_copy(void* dst, const void* src) {
+  if constexpr (BYTES < 4) {
+    *reinterpret_cast<Vec<unsigned char, BYTES>*>(dst) = *reinterpret_cast<const Vec<unsigned char, BYTES>*>(src);
+  } else {
+    const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16)  // .cg: stream through L2 only, the rows are read once
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES) : "memory");
+  }
+}
+C1S_FN void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING> C1S_FN void async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+#else
+template <int BYTES> inline void async_copy(void* dst, const void* src) { emu::async_copy(dst, src, BYTES); }
+inline void async_commit() { emu::async_commit(); }
+template <int PENDING> inline void async_wait() { emu::async_wait(PENDING); }
+#endif
+
+// DEPTH stages of K rows (one ring turn) x NSRC sources per thread. A warp's entries are
+// consecutive vectors, so its shared-memory accesses are conflict-free.
+template <typename T, int VEC, int K, int NSRC, int DEPTH> struct RowPipe {
+  T* base;  // 16-byte aligned, DEPTH * K * NSRC * blockDim.x vectors
+  C1S_FN T* at(int stage, int row, int src) const {
+    return base + (((stage * K + row) * NSRC + src) * (int)blockDim.x + (int)threadIdx.x) * VEC;
+  }
+  C1S_FN void copy(int stage, int row, int src, const T* from) const {
+    async_copy<VEC * (int)sizeof(T)>(at(stage, row, src), from);
+  }
+};
+
 // dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
 template <typename TG, typename A, int K, bool HAS_BIAS>
 C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate, int k, int c, A v) {

@@ -18,7 +18,7 @@
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int SPL>
+          bool SILU, typename I, int SPL, int DEPTH>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
     const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
-  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC]
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
+  const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
   A* ws = reinterpret_cast<A*>(workspace);
 
@@ -67,6 +68,28 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // Rings over the last K tokens (see window_before): xr = xx, gr = g, dr = document ordinal
       // (-2: before r0, -1: past the sequence), and for the initial-state gradient: fr = a
       // document starts there, sr = its state row.
+      // Turn q (steps j = qK .. qK+K-1) of x and dy goes to pipeline stage q % DEPTH, DEPTH-1
+      // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
+      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
+      constexpr int N_TURNS = (N_STEPS + K - 1) / K;
+      auto prefetch = [&](int q) {
+        if (q < N_TURNS) {
+#pragma unroll
+          for (int i = 0; i < K; ++i) {
+            const int j = q * K + i;
+            const long long t = r0 + j;
+            if (j < N_STEPS && t < S + n_next) {
+              const bool trail = t >= S;
+              pipe.copy(q % DEPTH, i, 0, trail ? next_x + (I)(t - S) * (I)C + c0 : x + (I)t * (I)x_rs + c0);
+              pipe.copy(q % DEPTH, i, 1, trail ? next_dy + (I)(t - S) * (I)C + c0 : dy + (I)t * (I)dy_rs + c0);
+            }
+          }
+        }
+        async_commit();
+      };
+#pragma unroll
+      for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);
+
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, r0, K - 1);
       A xr[K][VEC], gr[K][VEC];
@@ -89,6 +112,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // S .. S+n_next-1 are trailing rows (context parallelism: the next rank's first tokens of
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
+      int stage = 0;
       auto step = [&](auto phase, auto full, int j) {
         constexpr int P = decltype(phase)::value;
         constexpr bool FULL = decltype(full)::value;
@@ -99,13 +123,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         bool start = false;
         if (FULL || t < S + n_next) {
           A xv[VEC], dv[VEC];
-          if (!FULL && t >= S) {
-            load_vec(next_x, (I)(t - S) * (I)C + c0, xv);
-            load_vec(next_dy, (I)(t - S) * (I)C + c0, dv);
-          } else {
-            load_vec(x, (I)t * (I)x_rs + c0, xv);
-            load_vec(dy, (I)t * (I)dy_rs + c0, dv);
-          }
+          load_vec(pipe.at(stage, P, 0), 0, xv);
+          load_vec(pipe.at(stage, P, 1), 0, dv);
           if (j == 0) {
             start = pos0 == 0;
           } else if ((FULL || t < S) && docs.next(da, t)) {
@@ -197,8 +216,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       };
 
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
-      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;
-      for (int j0 = 0; j0 < N_STEPS; j0 += K) {
+      for (int q = 0; q < N_TURNS; ++q) {
+        prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
+        async_wait<DEPTH - 1>();  // turn q has landed
+        stage = q % DEPTH;
+        const int j0 = q * K;
         if (j0 + K <= own_steps) {
           static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
         } else {

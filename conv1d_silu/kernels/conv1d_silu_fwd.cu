@@ -4,10 +4,12 @@
 // vector v of its tile (VEC channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks ROWS
 // consecutive tokens, keeping the K-token window of x in registers. Work units are (row group,
 // channel tile) pairs with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
+// x arrives through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead
+// of the math.
 #include "common.cuh"
 
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
-          bool SILU, typename I, int ROWS>
+          bool SILU, typename I, int ROWS, int DEPTH>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     const T* __restrict__ x, long long x_rs, const TW* __restrict__ w, const TW* __restrict__ bias,
     const int* __restrict__ table, long long row_len, int n_docs, const T* __restrict__ init,
@@ -15,6 +17,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     long long n_units) {
   using namespace c1s;
   using A = typename Acc<T>::type;
+  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
+  const RowPipe<T, VEC, K, 1, DEPTH> pipe{reinterpret_cast<T*>(smem_raw)};
   const DocArgs da{table, S, row_len, n_docs};
   const int lane = threadIdx.x / tile_v;
   const int vl = threadIdx.x - lane * tile_v;
@@ -26,6 +30,19 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     const long long r0 = (group * LANES + lane) * ROWS;
     if (c0 >= C || r0 >= S) continue;
 
+    const int rows = (int)min_<long long>(ROWS, S - r0);
+    const int n_turns = (rows + K - 1) / K;
+    auto prefetch = [&](int q) {  // turn q: rows qK .. qK+K-1 into stage q % DEPTH
+      if (q < n_turns) {
+#pragma unroll
+        for (int i = 0; i < K; ++i)
+          if (q * K + i < rows) pipe.copy(q % DEPTH, i, 0, x + (I)(r0 + q * K + i) * (I)x_rs + c0);
+      }
+      async_commit();
+    };
+#pragma unroll
+    for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);
+
     A wv[K][VEC], bv[VEC];
     load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
@@ -36,12 +53,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     A xr[K][VEC];
     window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
 
-    const long long rows = min_<long long>(ROWS, S - r0);
-    auto step = [&](auto phase, long long i) {
+    int stage = 0;
+    auto step = [&](auto phase, int i) {
       constexpr int P = decltype(phase)::value;
       const long long t = r0 + i;
       A xv[VEC];
-      load_vec(x, (I)t * (I)x_rs + c0, xv);
+      load_vec(pipe.at(stage, P, 0), 0, xv);
       if (i > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
         window_before<P, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, t, 0, docs.state, n_docs, xr);
       }
@@ -61,7 +78,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
           store_vec(final_states, ((I)docs.state * (K - 1) + j) * (I)C + c0, xr[(P + 2 + j) % K]);
       }
     };
-    for (long long i0 = 0; i0 < rows; i0 += K) {  // one ring turn at a time
+    for (int q = 0; q < n_turns; ++q) {  // one ring turn at a time
+      prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
+      async_wait<DEPTH - 1>();  // turn q has landed
+      stage = q % DEPTH;
+      const int i0 = q * K;
       if (i0 + K <= rows) {
         static_for<0, K>([&](auto p) { step(p, i0 + decltype(p)::value); });
       } else {

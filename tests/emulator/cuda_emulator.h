@@ -37,6 +37,15 @@ struct Fiber {
   Dim3 tid;
   bool done = false;
   bool waiting = false;
+  // cp.async: copies land only at a wait that covers their group, so reading a row before its
+  // wait sees stale shared memory, as it could on a GPU.
+  struct Copy {
+    void* dst;
+    const void* src;
+    int bytes;
+  };
+  std::vector<Copy> open;
+  std::vector<std::vector<Copy>> groups;
 };
 
 struct State {
@@ -82,6 +91,8 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
       Fiber& f = s.fibers[t];
       f.tid.x = t;
       f.done = f.waiting = false;
+      f.open.clear();
+      f.groups.clear();
       getcontext(&f.ctx);
       f.ctx.uc_stack.ss_sp = f.stack.data();
       f.ctx.uc_stack.ss_size = f.stack.size();
@@ -105,6 +116,21 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
     }
   }
   return 0;
+}
+
+inline Fiber& self() { return state().fibers[state().current]; }
+inline void async_copy(void* dst, const void* src, int bytes) { self().open.push_back({dst, src, bytes}); }
+inline void async_commit() {
+  Fiber& f = self();
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+inline void async_wait(int pending) {
+  Fiber& f = self();
+  while ((int)f.groups.size() > pending) {
+    for (const auto& c : f.groups.front()) std::memcpy(c.dst, c.src, c.bytes);
+    f.groups.erase(f.groups.begin());
+  }
 }
 
 // bf16 / fp16 conversions with round-to-nearest-even, as cvt.rn does.
