@@ -188,11 +188,14 @@ def _stream(device_index: int):
     return s
 
 
+_smem_raised: dict[int, int] = {}  # id(kernel function) -> the dynamic shared memory it allows
+
+
 def _prepare_smem(fn, smem: int, device_index: int) -> None:
-    limits = device_limits(device_index)
-    if smem > limits.smem_default and getattr(fn, "_c1s_smem", 0) < smem:
+    """Raise the kernel's dynamic shared-memory limit past the 48 KB default when needed."""
+    if smem > device_limits(device_index).smem_default and _smem_raised.get(id(fn), 0) < smem:
         fn.max_dynamic_shared_size_bytes = smem
-        fn._c1s_smem = smem
+        _smem_raised[id(fn)] = smem
 
 
 @functools.lru_cache(maxsize=4096)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conv1d_silu import gpu, routes
+from conv1d_silu import gpu, routes, runtime
 from conv1d_silu.runtime import DeviceLimits, Launch, overlaps, validate
 
 LIMITS = DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
@@ -121,3 +121,22 @@ def test_launch_args_match_the_kernel_signature_types():
     gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)
     for a in rec.launches[0].args:
         assert a is None or isinstance(a, (torch.Tensor, np.int32, np.int64))
+
+
+def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkeypatch):
+    # CuPy's RawKernel takes no new attributes: the raised limit is remembered beside it
+    class Kernel:
+        __slots__ = ("max_dynamic_shared_size_bytes", "sets")
+
+        def __setattr__(self, name, value):
+            if name == "max_dynamic_shared_size_bytes":
+                object.__setattr__(self, "sets", getattr(self, "sets", 0) + 1)
+            object.__setattr__(self, name, value)
+
+    monkeypatch.setattr(runtime, "device_limits", lambda index: runtime.DeviceLimits(132, 1024, 48 * 1024, 227 * 1024))
+    fn = Kernel()
+    runtime._prepare_smem(fn, 1024, 0)
+    assert not hasattr(fn, "sets")  # under the default: nothing to raise
+    for _ in range(3):
+        runtime._prepare_smem(fn, 139264, 0)
+    assert fn.max_dynamic_shared_size_bytes == 139264 and fn.sets == 1
