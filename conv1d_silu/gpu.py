@@ -85,7 +85,9 @@ def pipe_depth(K: int) -> int:
 
 
 def pipe_bytes(K: int, sources: int, threads: int, vec: int, itemsize: int) -> int:
-    return pipe_depth(K) * K * sources * threads * vec * itemsize
+    """Shared memory of the row pipeline: per thread DEPTH * K * sources vectors, padded to an odd
+    count (kernels/common.cuh, RowPipe)."""
+    return (pipe_depth(K) * K * sources | 1) * threads * vec * itemsize
 
 
 def _table(doc: DocTable):

@@ -60,6 +60,13 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
         ),
         Program(
+            "rowgroup_long_8b",
+            "bwd",
+            "row groups of 64 slabs (8 per thread), 8-byte accesses: short halos and more warps per SM",
+            slabs_per_lane=8,
+            vec_bytes=8,
+        ),
+        Program(
             "rowgroup_sm",
             "bwd",
             "SM-wide: persistent 1-D grid (CTAs per SM), 256 threads, each CTA walking groups of 8 slabs",

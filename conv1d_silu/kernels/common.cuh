@@ -176,13 +176,14 @@ inline void async_commit() { emu::async_commit(); }
 template <int PENDING> inline void async_wait() { emu::async_wait(PENDING); }
 #endif
 
-// DEPTH stages of K rows (one ring turn) x NSRC sources per thread. A warp's entries are
-// consecutive vectors, so its shared-memory accesses are conflict-free.
+// DEPTH stages of K rows (one ring turn) x NSRC sources per thread, in the thread's own slice:
+// every offset but the stage's is a compile-time immediate. Slices are an odd number of vectors
+// apart (ENTRIES | 1), so a warp's same-entry accesses fall in distinct banks.
 template <typename T, int VEC, int K, int NSRC, int DEPTH> struct RowPipe {
-  T* base;  // 16-byte aligned, DEPTH * K * NSRC * blockDim.x vectors
-  C1S_FN T* at(int stage, int row, int src) const {
-    return base + (((stage * K + row) * NSRC + src) * (int)blockDim.x + (int)threadIdx.x) * VEC;
-  }
+  static constexpr int ENTRIES = DEPTH * K * NSRC;
+  T* mine;
+  C1S_FN explicit RowPipe(T* base) : mine(base + (int)threadIdx.x * (ENTRIES | 1) * VEC) {}
+  C1S_FN T* at(int stage, int row, int src) const { return mine + ((stage * K + row) * NSRC + src) * VEC; }
   C1S_FN void copy(int stage, int row, int src, const T* from) const {
     async_copy<VEC * (int)sizeof(T)>(at(stage, row, src), from);
   }

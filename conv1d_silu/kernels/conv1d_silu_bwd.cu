@@ -72,16 +72,28 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
       constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
       constexpr int N_TURNS = (N_STEPS + K - 1) / K;
+      // Turns wholly inside S (all but the last one or two) copy from running row pointers.
+      const T* px = x + (I)r0 * (I)x_rs + c0;
+      const T* pdy = dy + (I)r0 * (I)dy_rs + c0;
       auto prefetch = [&](int q) {
-        if (q < N_TURNS) {
+        const int st = q % DEPTH;
+        if (q * K + K <= N_STEPS && r0 + q * K + K <= S) {
+#pragma unroll
+          for (int i = 0; i < K; ++i) {
+            pipe.copy(st, i, 0, px);
+            pipe.copy(st, i, 1, pdy);
+            px += x_rs;
+            pdy += dy_rs;
+          }
+        } else if (q < N_TURNS) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
             const int j = q * K + i;
             const long long t = r0 + j;
             if (j < N_STEPS && t < S + n_next) {
               const bool trail = t >= S;
-              pipe.copy(q % DEPTH, i, 0, trail ? next_x + (I)(t - S) * (I)C + c0 : x + (I)t * (I)x_rs + c0);
-              pipe.copy(q % DEPTH, i, 1, trail ? next_dy + (I)(t - S) * (I)C + c0 : dy + (I)t * (I)dy_rs + c0);
+              pipe.copy(st, i, 0, trail ? next_x + (I)(t - S) * (I)C + c0 : x + (I)t * (I)x_rs + c0);
+              pipe.copy(st, i, 1, trail ? next_dy + (I)(t - S) * (I)C + c0 : dy + (I)t * (I)dy_rs + c0);
             }
           }
         }
@@ -113,6 +125,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
       int stage = 0;
+      T* pdx = dx + (I)r0 * (I)C + c0;  // dx row r0 + ju, stored in order
       auto step = [&](auto phase, auto full, int j) {
         constexpr int P = decltype(phase)::value;
         constexpr bool FULL = decltype(full)::value;
@@ -165,7 +178,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         for (int e = 0; e < VEC; ++e) gr[P][e] = g[e];
 
         // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
-        const long long u = t - (K - 1);
         const int ju = j - (K - 1);
         if (ju >= 0 && ju < own_steps) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
           // one document and all window rows inside S: no masks needed
@@ -181,7 +193,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
                 v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
             dxv[e] = v;
           }
-          store_vec(dx, (I)u * (I)C + c0, dxv);
+          store_vec(pdx, 0, dxv);
+          pdx += C;
         }
         if (HAS_INIT) {
           // A document starting at window row m >= 1 completes its initial-state row K-1-m.

@@ -32,11 +32,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
 
     const int rows = (int)min_<long long>(ROWS, S - r0);
     const int n_turns = (rows + K - 1) / K;
+    const T* px = x + (I)r0 * (I)x_rs + c0;  // the next row to prefetch
     auto prefetch = [&](int q) {  // turn q: rows qK .. qK+K-1 into stage q % DEPTH
       if (q < n_turns) {
 #pragma unroll
-        for (int i = 0; i < K; ++i)
-          if (q * K + i < rows) pipe.copy(q % DEPTH, i, 0, x + (I)(r0 + q * K + i) * (I)x_rs + c0);
+        for (int i = 0; i < K; ++i) {
+          if (q * K + K <= rows || q * K + i < rows) pipe.copy(q % DEPTH, i, 0, px);
+          px += x_rs;
+        }
       }
       async_commit();
     };
@@ -54,6 +57,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
 
     int stage = 0;
+    T* py = y + (I)r0 * (I)C + c0;  // y row r0 + i, stored in order
     auto step = [&](auto phase, int i) {
       constexpr int P = decltype(phase)::value;
       const long long t = r0 + i;
@@ -71,7 +75,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
         for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
         yv[e] = SILU ? z * sigmoid(z) : z;
       }
-      store_vec(y, (I)t * (I)C + c0, yv);
+      store_vec(py, 0, yv);
+      py += C;
       if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // its last K-1 rows (states included)
 #pragma unroll
         for (int j = 0; j < K - 1; ++j)
