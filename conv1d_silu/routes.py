@@ -46,6 +46,13 @@ PROGRAMS: dict[str, Program] = {
         Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
         Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
         Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8),
+        Program(
+            "fwd_rows16_8b",
+            "fwd",
+            "forward, 8-byte accesses, 16 tokens per thread: more threads for short sequences",
+            rows_per_lane=16,
+            vec_bytes=8,
+        ),
         Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
         Program(
             "rowgroup_8b",
