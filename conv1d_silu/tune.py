@@ -157,19 +157,26 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
         picks = []  # (C, (program, floor) or None)
         for C in Cs:
             # each candidate's floor: the smallest measured S from which it beats the default at
-            # every larger S; the lowest floor wins, then the lowest total time
-            best = None
+            # every larger S; the lowest floor wins, then the lowest total time, except that the
+            # previous C's program keeps the band while it is within the margin of the best (two
+            # programs at a tie would otherwise split the C axis into noise-sized bands)
+            cands = {}
             for program in table[(C, Ss[0])].times:
                 if program == default:
                     continue
                 floor = next((s for j, s in enumerate(Ss) if all(wins(program, C, t) for t in Ss[j:])), None)
-                if floor is None:
-                    continue
-                total = sum(table[(C, t)].times[program] for t in Ss if t >= floor)
-                key = (floor, total)
-                if best is None or key < best[0]:
-                    best = (key, program, floor)
-            picks.append((C, None if best is None else (best[1], best[2])))
+                if floor is not None:
+                    cands[program] = (floor, sum(table[(C, t)].times[program] for t in Ss if t >= floor))
+            if not cands:
+                picks.append((C, None))
+                continue
+            best = min(cands, key=cands.get)
+            prev = picks[-1][1] if picks else None
+            if prev is not None and prev[0] in cands:
+                floor, total = cands[prev[0]]
+                if floor == cands[best][0] and total <= cands[best][1] * (1 + margin):
+                    best = prev[0]
+            picks.append((C, (best, cands[best][0])))
         bands = []
         for idx, (C, chosen) in enumerate(picks):
             if chosen is None:

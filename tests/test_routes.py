@@ -152,3 +152,23 @@ def test_tuner_chooses_bands_and_floors_from_measurements():
     # noise: a 2 % gain is not a win
     ms2 = [m(256, S, 100.0, 98.0) for S in (32768, 65536)]
     assert choose(ms2)["bwd"] == []
+
+
+def test_tuner_keeps_a_band_through_ties_instead_of_splitting_on_noise():
+    from conv1d_silu.tune import Measurement, choose
+
+    # two programs both beat the default by far and tie within 1 %, alternating which is faster
+    ms = []
+    for i, C in enumerate((256, 264, 272, 280, 288)):
+        for S in (32768, 65536):
+            a, b = (70.0, 70.5) if i % 2 else (70.5, 70.0)
+            t = {"rowgroup": 100.0, "rowgroup_8b": a, "rowgroup_long_8b": b}
+            ms.append(Measurement("bwd", C, S, t, {k: 0.01 for k in t}))
+    rules = choose(ms)["bwd"]
+    assert len(rules) == 1 and (rules[0].c_lo, rules[0].c_hi, rules[0].s_min) == (256, INF, 32768)
+    # a clear winner still takes its own band
+    for m in ms:
+        if m.C == 288:
+            m.times["rowgroup_8b"] = 60.0
+    rules = choose(ms)["bwd"]
+    assert [(r.program, r.c_lo, r.c_hi) for r in rules][-1] == ("rowgroup_8b", 288, INF)
