@@ -146,7 +146,9 @@ def _impls(args) -> dict[str, Callable]:
         impls["torch_eager"] = torch_reference
     if "compile" in args.baselines:
         # the timed backward replays one forward's graph (retain_graph), which donated buffers forbid
-        torch._functorch.config.donated_buffer = False
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
         impls["torch_compile"] = torch.compile(torch_reference, dynamic=True)
     if "cc1d" in args.baselines:
         try:
