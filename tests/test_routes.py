@@ -172,3 +172,21 @@ def test_tuner_keeps_a_band_through_ties_instead_of_splitting_on_noise():
             m.times["rowgroup_8b"] = 60.0
     rules = choose(ms)["bwd"]
     assert [(r.program, r.c_lo, r.c_hi) for r in rules][-1] == ("rowgroup_8b", 288, INF)
+
+
+def test_tuner_adds_a_second_token_floored_program_where_it_beats_the_first():
+    from conv1d_silu.tune import Measurement, choose
+
+    ms = []
+    # rowgroup_8b beats the default everywhere; rowgroup_long_8b only from 262144 tokens, where it
+    # also beats rowgroup_8b
+    times = {32768: (100, 60, 110), 65536: (200, 120, 205), 262144: (800, 480, 400), 1048576: (3200, 1900, 1600)}
+    for C in (256, 264):
+        for S, (default, short, long) in times.items():
+            t = {"rowgroup": default, "rowgroup_8b": short, "rowgroup_long_8b": long}
+            ms.append(Measurement("bwd", C, S, t, {k: 0.01 for k in t}))
+    rules = [(r.program, r.c_lo, r.c_hi, r.s_min) for r in choose(ms)["bwd"]]
+    assert rules == [("rowgroup_long_8b", 256, INF, 262144), ("rowgroup_8b", 256, INF, 32768)]
+    for S in (32767, 32768, 262143, 262144):  # and the route table built from them selects so
+        rule = next((r for r in choose(ms)["bwd"] if r.matches(260, S, 4, "bfloat16")), None)
+        assert (rule.program if rule else None) == (None if S < 32768 else "rowgroup_8b" if S < 262144 else "rowgroup_long_8b")
