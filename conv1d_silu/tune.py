@@ -137,14 +137,15 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
 
 
 def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes.Rule]]:
-    """Route rules from measurements, in two layers per (variant, C).
+    """Route rules from measurements: at every measured (C, S) the routed program is the measured
+    fastest, or within ``margin`` (and the measured spreads) of it.
 
-    Layer 1: a program wins at S when it beats the default by more than ``margin`` (and by more
-    than either measured spread); its token floor is the smallest S from which it wins at every
-    larger measured S; the lowest floor wins, then the lowest total time. Layer 2: a program that
-    beats the layer-1 pick in the same way from a higher floor on takes over from that floor (a
-    route may carry several token-floored programs). Adjacent C with the same pick and floor merge
-    into one band ending at the next measured C; higher floors come first in the route.
+    Among the programs within noise of the fastest, the pick prefers, in order: this C's pick at
+    the previous S, the previous C's pick at this S, the default, then the fastest, so ties never
+    split the table into noise-sized bands and the default is kept where nothing clearly beats it.
+    Each C's picks become token-floored segments (a route may carry several per band); adjacent C
+    with the same segment merge into one band ending at the next measured C. A segment naming the
+    default is written only where a lower-floor rule would otherwise catch its tokens.
     """
     rules: dict[str, list[routes.Rule]] = {}
     for variant in sorted({m.variant for m in ms}):
@@ -153,63 +154,44 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
         Cs = sorted({m.C for m in vm})
         Ss = sorted({m.S for m in vm})
         table = {(m.C, m.S): m for m in vm}
-
-        def beats(program, base, C, S):
-            m = table[(C, S)]
-            gain = 1 - m.times[program] / m.times[base]
-            return gain > max(margin, m.spread[program], m.spread[base])
-
-        def layer(bases: dict[int, tuple[str, int]]) -> list[tuple[int, tuple[str, int] | None]]:
-            """Per C: the program beating bases[C] = (program, floor) from the lowest floor above
-            it. Ties within the margin keep the previous C's program (no noise-sized bands)."""
-            picks: list[tuple[int, tuple[str, int] | None]] = []
-            for C in Cs:
-                if C not in bases:
-                    picks.append((C, None))
-                    continue
-                base, above = bases[C]
-                cands = {}
-                for program in table[(C, Ss[0])].times:
-                    if program in (default, base):
-                        continue
-                    floor = next(
-                        (s for j, s in enumerate(Ss) if s >= above and all(beats(program, base, C, t) for t in Ss[j:])),
-                        None,
-                    )
-                    if floor is not None:
-                        cands[program] = (floor, sum(table[(C, t)].times[program] for t in Ss if t >= floor))
-                if not cands:
-                    picks.append((C, None))
-                    continue
-                best = min(cands, key=cands.get)
-                prev = picks[-1][1] if picks else None
-                if prev is not None and prev[0] in cands:
-                    floor, total = cands[prev[0]]
-                    if floor == cands[best][0] and total <= cands[best][1] * (1 + margin):
-                        best = prev[0]
-                picks.append((C, (best, cands[best][0])))
-            return picks
-
-        first = layer({C: (default, Ss[0]) for C in Cs})
-        second = layer({C: (p, f + 1) for C, (p, f) in ((C, c) for C, c in first if c is not None)})
-        bands = []  # [c_lo, c_hi, program, floor, beaten]
-        for picks, beaten in ((first, None), (second, dict(first))):
-            for idx, (C, chosen) in enumerate(picks):
-                if chosen is None:
-                    continue
-                c_hi = Cs[idx + 1] if idx + 1 < len(Cs) else routes.INF
-                over = default if beaten is None else beaten[C][0]
-                if bands and bands[-1][1] == C and tuple(bands[-1][2:]) == (*chosen, over):
-                    bands[-1][1] = c_hi
+        picks: dict[tuple[int, int], str] = {}
+        for ci, C in enumerate(Cs):
+            for si, S in enumerate(Ss):
+                m = table[(C, S)]
+                fastest = min(m.times, key=m.times.get)
+                close = {
+                    p for p, t in m.times.items()
+                    if t <= m.times[fastest] * (1 + max(margin, m.spread[p], m.spread[fastest]))
+                }
+                prefer = [
+                    picks.get((C, Ss[si - 1])) if si else None,
+                    picks.get((Cs[ci - 1], S)) if ci else None,
+                    default,
+                    fastest,
+                ]
+                picks[(C, S)] = next(p for p in prefer if p in close)
+        bands = []  # [c_lo, c_hi, program, floor]
+        for ci, C in enumerate(Cs):
+            c_hi = Cs[ci + 1] if ci + 1 < len(Cs) else routes.INF
+            segments = []
+            for S in Ss:
+                if not segments or segments[-1][0] != picks[(C, S)]:
+                    segments.append((picks[(C, S)], S))
+            if segments[0][0] == default:
+                segments = segments[1:]  # the default needs no rule below every other floor
+            for program, floor in segments:
+                same = [b for b in bands if b[1] == C and b[2:] == [program, floor]]
+                if same:
+                    same[0][1] = c_hi
                 else:
-                    bands.append([C, c_hi, *chosen, over])
+                    bands.append([C, c_hi, program, floor])
         rules[variant] = [
             routes.Rule(
                 program, lo, hi, floor,
-                why=f"measured on this arch: beats {'the default' if over == default else over} for {lo} <= C < "
-                f"{'inf' if hi >= routes.INF else hi}, S >= {floor} (docs/routes-<arch>.md)",
+                why=f"measured on this arch: fastest within noise for {lo} <= C < "
+                f"{'inf' if hi >= routes.INF else hi} from S = {floor} (docs/routes-<arch>.md)",
             )
-            for lo, hi, program, floor, over in sorted(bands, key=lambda b: (-b[3], b[0]))
+            for lo, hi, program, floor in sorted(bands, key=lambda b: (-b[3], b[0]))
         ]
     return rules
 
@@ -250,9 +232,9 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         "",
         f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, commit {meta['commit'][:10]}, "
         f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
-        "(allocation, ticket memset, kernels), timed with CUDA events. A non-default program is routed only where it beat the "
-        "default by more than 3 % and more than the interquartile spread, at the floor and at every larger S; a second "
-        "program takes over from a higher floor where it beats the first in the same way. Bands run from one "
+        "(allocation, ticket memset, kernels), timed with CUDA events. At every measured point the routed program is the "
+        "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
+        "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
         "measured C to the next (the odd single-step bands are real: balanced channel tiles of some C leave part "
         "of a warp idle); variants not listed here were not measured and use the default.",
         "",

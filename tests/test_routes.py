@@ -190,3 +190,19 @@ def test_tuner_adds_a_second_token_floored_program_where_it_beats_the_first():
     for S in (32767, 32768, 262143, 262144):  # and the route table built from them selects so
         rule = next((r for r in choose(ms)["bwd"] if r.matches(260, S, 4, "bfloat16")), None)
         assert (rule.program if rule else None) == (None if S < 32768 else "rowgroup_8b" if S < 262144 else "rowgroup_long_8b")
+
+
+def test_committed_sm90_routes_pick_the_measured_fastest_within_noise():
+    # the route table in conv1d_silu/routes_sm90.py against the measurements that chose it
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(__file__).parents[1] / "benchmarks/results/h200-tune.json").read_text())
+    checked = 0
+    for m in raw["measurements"]:
+        routed = select("sm_90", m["variant"], m["C"], m["S"], 4, "bfloat16").name
+        fastest = min(m["times"], key=m["times"].get)
+        allowed = 1 + max(0.03, m["spread"][routed], m["spread"][fastest])
+        assert m["times"][routed] <= m["times"][fastest] * allowed, (m["variant"], m["S"], m["C"], routed, fastest)
+        checked += 1
+    assert checked == 8 * 4 * 43  # every variant, S and C of the tuner's grid
