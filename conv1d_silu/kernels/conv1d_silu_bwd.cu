@@ -15,6 +15,9 @@
 // ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
 // up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
 // order only the fold: no gradient value is ever summed atomically.
+//
+// x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
+// ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
@@ -65,9 +68,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       A wv[K][VEC], bv[VEC];
       load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
-      // Rings over the last K tokens (see window_before): xr = xx, gr = g, dr = document ordinal
-      // (-2: before r0, -1: past the sequence), and for the initial-state gradient: fr = a
-      // document starts there, sr = its state row.
       // Turn q (steps j = qK .. qK+K-1) of x and dy goes to pipeline stage q % DEPTH, DEPTH-1
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
       constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
@@ -104,6 +104,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, r0, K - 1);
+      // Rings over the last K tokens (see window_before): xr = xx, gr = g, dr = document ordinal
+      // (-2: before r0, -1: past the sequence), and for the initial-state gradient: fr = a
+      // document starts there, sr = its state row.
       A xr[K][VEC], gr[K][VEC];
       int dr[K], sr[K];
       bool fr[K];
