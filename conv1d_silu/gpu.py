@@ -125,47 +125,9 @@ class Plan:
     index_64: bool
     max_offset: int
     root: int = 0
-    nodes: tuple[int, ...] = ()  # canonical tree: nodes per level 0..root
-    nb: int = 0  # reduced rows (K taps + bias)
-    spl: int = 1  # slabs per lane of a long unit (backward)
-    rows: int = 0  # tokens per lane (forward; 0: balanced over one wave of resident CTAs)
-
-
-# A long-unit program turns the level-2 nodes of a partial last wave into short (level-1) units
-# when that wave would be at most this full: short units take about 1.2/8 of a long one, so
-# ceil(8 r) short waves beat one more long wave for r <= 0.75 (docs/kernel-design.md).
-TAIL_SHARE = 0.75
-
-
-@dataclass(frozen=True)
-class UnitSplit:
-    """How a backward launch covers the tree: units [0, n_long) are level-2 nodes, the rest
-    level-1 nodes; the workspace holds levels ws_level .. root-1."""
-
-    n_long: int
-    n_units: int
-    ws_level: int
-    ws_elems: int
-    n_tickets: int
-
-
-def unit_split(plan: Plan, C: int, slots: int, persistent: bool) -> UnitSplit:
-    """Long units fill whole waves of ``slots`` resident CTAs; a partial last wave (at most
-    TAIL_SHARE full) becomes short units. Programs of one-slab lanes have short units only."""
-    nodes, n_ctiles = plan.nodes, plan.n_ctiles
-    long_units = nodes[2] * n_ctiles
-    if plan.spl == 1:
-        n_long, n_units = 0, nodes[1] * n_ctiles
-    else:
-        full, rem = divmod(long_units, max(1, slots))
-        n_long = n_units = long_units
-        if not persistent and full > 0 and 0 < rem <= TAIL_SHARE * slots:
-            n_long = full * slots // n_ctiles * n_ctiles
-            n_units = n_long + (nodes[1] - n_long // n_ctiles * FAN) * n_ctiles
-    ws_level = 2 if n_long == n_units else 1
-    ws_elems = sum(nodes[level] for level in range(ws_level, plan.root)) * plan.nb * C
-    n_tickets = sum(nodes[level] for level in range(ws_level + 1, plan.root + 1)) * n_ctiles
-    return UnitSplit(n_long, n_units, ws_level, ws_elems, n_tickets)
+    ws_elems: int = 0
+    n_tickets: int = 0
+    rows: int = 0  # tokens per lane (forward)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -184,17 +146,10 @@ def forward_plan(
         "conv1d_silu_fwd", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
         "long long" if wide else "int", pipe_depth(K),
     )
-    n_units = math.ceil(S / (LANES * rows)) * n_ctiles if rows else 0
+    n_units = math.ceil(S / (LANES * rows)) * n_ctiles
     block = LANES * tile_v
     smem = pipe_bytes(K, 1, block, vec, itemsize)
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, rows=rows)
-
-
-def balanced_rows(S: int, K: int, n_ctiles: int, slots: int) -> int:
-    """Tokens per lane that spread S over one wave of ``slots`` resident CTAs (a multiple of K, so
-    only the last lane has a partial ring turn)."""
-    groups = max(1, slots // n_ctiles)
-    return K * math.ceil(S / (LANES * groups * K))
 
 
 def forward(
@@ -228,20 +183,16 @@ def forward(
         x.dtype, weight.dtype, K, C, S, row_stride, alignment(x, init, final), bias is not None, doc.mode,
         init is not None, final is not None, silu, program, n_docs,
     )
-    rows, n_units = plan.rows, plan.n_units
-    if not rows:
-        rows = balanced_rows(S, K, plan.n_ctiles, resident_ctas(launcher, "conv1d_silu_fwd", plan, x.device))
-        n_units = math.ceil(S / (LANES * rows)) * plan.n_ctiles
     launch = Launch(
         source="conv1d_silu_fwd",
         kernel=plan.kernel,
-        grid=(n_units, 1, 1),
+        grid=(plan.n_units, 1, 1),
         block=plan.block,
         smem=plan.smem,
         args=(
             x, np.int64(row_stride), weight.contiguous(), None if bias is None else bias.contiguous(),
             _table(doc), np.int64(doc.row_len), np.int32(n_docs), init, y, final, np.int64(S), np.int32(C),
-            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(n_units), np.int32(rows),
+            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units), np.int32(plan.rows),
         ),
         outputs=(y,) if final is None else (y, final),
         inputs=(x,) if init is None else (x, init),
@@ -262,10 +213,12 @@ def backward_plan(
     tile_v = tile_vectors(C // vec, program.max_tile_vectors)
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
+    cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
-    ws_max = sum(nodes[1:root]) * nb * C  # the workspace with level 1 (any split fits)
-    max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_max)
+    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
+    max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
@@ -274,14 +227,8 @@ def backward_plan(
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
-    n_units = nodes[1 if spl == 1 else 2] * n_ctiles
-    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, tuple(nodes), nb, spl)
-
-
-def resident_ctas(launcher: Launcher, source: str, plan: Plan, device: torch.device) -> int:
-    """CTAs of this instantiation that fit on the whole device at once."""
-    probe = Launch(source=source, kernel=plan.kernel, grid=(1, 1, 1), block=plan.block, smem=plan.smem, args=())
-    return launcher.max_active_blocks(probe, device) * launcher.sm_count(device)
+    n_units = nodes[cta_level] * n_ctiles
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 
 
 def backward(
@@ -334,24 +281,21 @@ def backward(
         x.dtype, weight.dtype, dw.dtype, K, C, S, x_stride, dy_stride, alignment(x, dy, init, next_x, next_dy),
         has_bias, doc.mode, init is not None, silu, program, n_docs,
     )
-    slots = resident_ctas(launcher, "conv1d_silu_bwd", plan, x.device) if plan.spl > 1 else 0
-    split = unit_split(plan, C, slots, program.persistent)
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    workspace = torch.empty(split.ws_elems, dtype=acc_dtype, device=x.device) if split.ws_elems else None
-    tickets = torch.zeros(split.n_tickets, dtype=torch.int32, device=x.device) if split.n_tickets else None
+    workspace = torch.empty(plan.ws_elems, dtype=acc_dtype, device=x.device) if plan.ws_elems else None
+    tickets = torch.zeros(plan.n_tickets, dtype=torch.int32, device=x.device) if plan.n_tickets else None
     launch = Launch(
         source="conv1d_silu_bwd",
         kernel=plan.kernel,
-        grid=(split.n_units, 1, 1),
+        grid=(plan.n_units, 1, 1),
         block=plan.block,
         smem=plan.smem,
         args=(
             x, np.int64(x_stride), dy, np.int64(dy_stride), weight.contiguous(),
             None if bias is None else bias.contiguous(), _table(doc), np.int64(doc.row_len), np.int32(n_docs),
             init, dx, dinit, dw, db, np.int32(1 if accumulate else 0), workspace, tickets, np.int64(S),
-            np.int32(C), np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(split.n_units),
+            np.int32(C), np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
             np.int32(plan.root), next_x, next_dy, np.int32(0 if next_x is None else next_x.shape[0]),
-            np.int64(split.n_long), np.int32(split.ws_level),
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
@@ -360,7 +304,7 @@ def backward(
     )
     if program.persistent:
         per_sm = launcher.max_active_blocks(launch, x.device)
-        launch.grid = (min(split.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
+        launch.grid = (min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
     launcher(launch, x.device)
     return dx, dw, db, dinit
 

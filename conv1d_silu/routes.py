@@ -31,7 +31,7 @@ class Program:
     description: str
     cuda: bool = True  # False: the PyTorch reference (any device)
     max_tile_vectors: int = 32  # channel vectors per CTA; threads = LANES * tile vectors
-    rows_per_lane: int = 32  # forward: tokens one thread walks (0: spread over one wave of CTAs)
+    rows_per_lane: int = 32  # forward: tokens one thread walks
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
@@ -52,20 +52,6 @@ PROGRAMS: dict[str, Program] = {
             "forward, 8-byte accesses, 16 tokens per thread: more threads for short sequences",
             rows_per_lane=16,
             vec_bytes=8,
-        ),
-        Program(
-            "fwd_wave_8b",
-            "fwd",
-            "forward, 8-byte accesses, tokens spread evenly over one wave of resident CTAs (no tail, "
-            "short halos)",
-            rows_per_lane=0,
-            vec_bytes=8,
-        ),
-        Program(
-            "fwd_wave",
-            "fwd",
-            "forward, 16-byte accesses, tokens spread evenly over one wave of resident CTAs",
-            rows_per_lane=0,
         ),
         Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
         Program(

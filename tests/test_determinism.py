@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conv1d_silu import causal_conv1d_silu, gpu, ops, routes
+from conv1d_silu import causal_conv1d_silu, routes
 from helpers import api_kwargs, make_case
 
 BWD_PROGRAMS = [name for name, p in routes.PROGRAMS.items() if p.direction == "bwd"]
@@ -58,38 +58,3 @@ def test_every_program_gives_the_same_bits(kernel_backend, shape, dtype):
     for name in BWD_PROGRAMS + FWD_PROGRAMS:
         for a, b in zip(base, _grads(case, program=name)[0]):
             assert torch.equal(a, b), name
-
-
-class _OneSM(gpu.Launcher):
-    """Forwards to the active launcher but reports a one-SM device, so long-unit programs split a
-    partial last wave into short units at test sizes."""
-
-    def __init__(self, inner: gpu.Launcher):
-        self.inner = inner
-
-    def sm_count(self, device):
-        return 1
-
-    def max_active_blocks(self, launch, device):
-        return self.inner.max_active_blocks(launch, device)
-
-    def __call__(self, launch, device):
-        self.launches.append(launch)
-        self.inner(launch, device)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_long_units_with_a_short_tail_give_the_same_bits(kernel_backend, dtype):
-    # 9 level-2 nodes (2048 tokens each) of one channel tile: on one SM with 2 resident CTAs
-    # (the emulator's and the 8-byte backward's), 8 long units and the last node as 8 short ones
-    case = make_case(S=9 * 2048 - 100, C=8, K=4, mode="single", dtype=dtype, device=kernel_backend.device)
-    case["dy"] = torch.randn_like(case["x"])
-    base = _grads(case, program="rowgroup")[0]
-    launcher = _OneSM(ops._launcher)
-    launcher.launches = []
-    with ops.use_launcher(launcher, emulate_arch=ops._emulated_arch):
-        for name in ("rowgroup_long", "rowgroup_long_8b"):
-            for a, b in zip(base, _grads(case, program=name)[0]):
-                assert torch.equal(a, b), name
-    splits = [ln.args[-2:] for ln in launcher.launches if ln.source == "conv1d_silu_bwd"]
-    assert any(int(ws_level) == 1 and 0 < int(n_long) for n_long, ws_level in splits), splits

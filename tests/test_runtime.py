@@ -79,25 +79,7 @@ def test_plans_are_cached_pure_functions():
     b = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, p, 1)
     assert a is b
     assert a.block == 8 * 24 and a.n_ctiles == 2 and a.root == 5
-    s = gpu.unit_split(a, 384, slots=264, persistent=False)
-    assert (s.n_long, s.n_units, s.ws_level) == (0, 978 * 2, 1)
-    assert s.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and s.n_tickets == (123 + 16 + 2 + 1) * 2
-
-
-def test_long_units_fill_whole_waves_and_the_tail_is_short():
-    long8 = routes.PROGRAMS["rowgroup_long_8b"]
-    # 250340 x 384, bf16, 8 bytes: 3 tiles x 123 level-2 nodes = 369 long units
-    p = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, long8, 1)
-    assert p.n_ctiles == 3 and p.n_units == 369 and p.spl == 8
-    s = gpu.unit_split(p, 384, slots=264, persistent=False)  # 105 units left for a second wave
-    assert s.n_long == 264 and s.n_units == 264 + (978 - 88 * 8) * 3 and s.ws_level == 1
-    assert s.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and s.n_tickets == (123 + 16 + 2 + 1) * 3
-    # a partial wave more than TAIL_SHARE full, exact waves, and less than a wave stay long
-    for slots in (200, 123, 369, 400):
-        s = gpu.unit_split(p, 384, slots=slots, persistent=False)
-        assert s.n_long == s.n_units == 369 and s.ws_level == 2
-        assert s.ws_elems == (123 + 16 + 2) * 5 * 384 and s.n_tickets == (16 + 2 + 1) * 3
-    assert gpu.unit_split(p, 384, slots=264, persistent=True).n_long == 369
+    assert a.n_units == 978 * 2 and a.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and a.n_tickets == (123 + 16 + 2 + 1) * 2
 
 
 def test_tree_shape():

@@ -9,15 +9,12 @@
 // fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
-// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node times one channel
-// tile: a level-2 node (each lane walks FAN slabs; "long" units, units < n_long, SPL = 8 only) or
-// a level-1 node (each lane walks one slab). Long units come first; the host makes the level-2
-// nodes that would fill only part of a last wave short units, so the tail is finely divided. The
+// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level CTA_LEVEL
+// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
 // CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
 // ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
 // up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
-// order only the fold: no gradient value is ever summed atomically. The workspace holds levels
-// ws_level .. root-1 (ws_level = 1 when any unit is short, else 2), tickets levels ws_level+1 ...
+// order only the fold: no gradient value is ever summed atomically.
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
@@ -32,11 +29,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
     void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, int C, int tile_v,
     int n_ctiles, long long n_units, int root_level, const T* __restrict__ next_x,
-    const T* __restrict__ next_dy, int n_next, long long n_long, int ws_level) {
+    const T* __restrict__ next_dy, int n_next) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
+  constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
   static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
+  constexpr int LANE_ROWS = SPL * SLAB;
+  constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
@@ -51,15 +51,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   const long long n_slabs = (S + SLAB - 1) / SLAB;
 
   for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
-    const bool lng = SPL > 1 && unit < n_long;  // a level-2 node; else a level-1 node
-    const long long u = lng ? unit : unit - n_long;
-    const int ct = (int)(u % n_ctiles);
-    const long long node = lng ? u / n_ctiles : n_long / n_ctiles * FAN + u / n_ctiles;
-    const int cta_level = lng ? 2 : 1;
-    const int lane_rows = lng ? SPL * SLAB : SLAB;
+    const int ct = (int)(unit % n_ctiles);
+    const long long node = unit / n_ctiles;
     const int c0 = (ct * tile_v + vl) * VEC;
-    const long long r0 = (node * LANES + lane) * lane_rows;
-    const long long r_end = min_<long long>(S, r0 + lane_rows);  // own rows: [r0, r_end)
+    const long long r0 = (node * LANES + lane) * LANE_ROWS;
+    const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
     A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
 
     A acc[NB][VEC];
@@ -74,12 +70,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Turn q (steps j = qK .. qK+K-1) of x and dy goes to pipeline stage q % DEPTH, DEPTH-1
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
-      const int n_steps = lane_rows + K - 1;  // own rows and the K-1 tail tokens
-      const int n_turns = (n_steps + K - 1) / K;
+      constexpr int N_STEPS = LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
+      constexpr int N_TURNS = (N_STEPS + K - 1) / K;
       // Turns wholly inside S (all but the last one or two) copy rows at running offsets, with no
       // per-row tests. Offsets rather than pointers: an address register updated right after the
       // copy that reads it would stall until the copy has read it.
-      const int fast_turns = (int)(min_<long long>(n_steps, S - r0) / K);
+      const int fast_turns = (int)(min_<long long>(N_STEPS, S - r0) / K);
       I ox = (I)r0 * (I)x_rs + c0, ody = (I)r0 * (I)dy_rs + c0;
       auto prefetch = [&](int q, int st) {
         if (q < fast_turns) {
@@ -90,12 +86,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           }
           ox += (I)K * (I)x_rs;
           ody += (I)K * (I)dy_rs;
-        } else if (q < n_turns) {
+        } else if (q < N_TURNS) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
             const int j = q * K + i;
             const long long t = r0 + j;
-            if (j < n_steps && t < S + n_next) {
+            if (j < N_STEPS && t < S + n_next) {
               const bool trail = t >= S;
               pipe.copy(st, i, 0, trail ? next_x + (I)(t - S) * (I)C + c0 : x + (I)t * (I)x_rs + c0);
               pipe.copy(st, i, 1, trail ? next_dy + (I)(t - S) * (I)C + c0 : dy + (I)t * (I)dy_rs + c0);
@@ -128,7 +124,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Token t = r0 + j at ring phase P: extend the rings, accumulate the slab partial if t is
       // an own row, emit dx[t-(K-1)] and the initial-state gradients that complete at t. With
-      // FULL (compile-time) the caller promises r0 <= t < r_end (an own row, inside S). Rows
+      // FULL (compile-time) the caller promises K-1 <= j and r0 <= t < r_end (an own row inside
+      // S, whose dx row t-(K-1) is an own row too). Rows
       // S .. S+n_next-1 are trailing rows (context parallelism: the next rank's first tokens of
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
@@ -187,7 +184,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
         // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
         const int ju = j - (K - 1);
-        if (ju >= 0 && ju < own_steps) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+        if (FULL || (ju >= 0 && ju < own_steps)) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
           // one document and all window rows inside S: no masks needed
           constexpr bool ALL_SAME = FULL && MODE == SINGLE;
           constexpr int first = (P + 1) % K;
@@ -223,7 +220,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
             }
           }
         }
-        if (SPL > 1 && lng && j < lane_rows && j % SLAB == SLAB - 1) {
+        if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
           // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
           // past S fold their +0 like any other)
 #pragma unroll
@@ -237,24 +234,24 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       };
 
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
-      for (int q = 0; q < n_turns; ++q) {
+      for (int q = 0; q < N_TURNS; ++q) {
         prefetch(q + DEPTH - 1, stage == 0 ? DEPTH - 1 : stage - 1);  // the stage turn q-1 read
         async_wait<DEPTH - 1>();  // turn q has landed
         const int j0 = q * K;
-        if (j0 + K <= own_steps) {
+        if (q > 0 && j0 + K <= own_steps) {  // the first turn has dx rows before r0
           static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
         } else {
           static_for<0, K>([&](auto p) {
-            if (j0 + decltype(p)::value < n_steps) step(p, Bool<false>{}, j0 + decltype(p)::value);
+            if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, j0 + decltype(p)::value);
           });
         }
         stage = stage + 1 == DEPTH ? 0 : stage + 1;
       }
     }
 
-    // This lane's value: its slab partial (short unit) or its level-1 node (long unit: already in
-    // the slot, all 8 slabs folded); a lane without rows contributes +0.
-    if (c0 < C && (!lng || r0 >= S)) {
+    // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
+    // slot, all 8 slabs folded); a lane without rows contributes +0.
+    if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
       for (int k = 0; k < NB; ++k)
 #pragma unroll
@@ -265,30 +262,23 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     // Fold the LANES lane values into this CTA's node, then climb the tree by tickets.
     const int c_base = ct * tile_c;
     const int n_vals = NB * tile_c;
-    long long n_level = (n_slabs + FAN - 1) / FAN;  // nodes at the current level (from 1)
-    long long ws_off = 0;                          // workspace offset of the current level
-    long long tk_off = 0;                          // ticket offset of the parent level
-    for (int level = 1; level < cta_level; ++level) {
-      if (level >= ws_level) {
-        ws_off += n_level * NB * C;
-        tk_off += ((n_level + FAN - 1) / FAN) * n_ctiles;
-      }
-      n_level = (n_level + FAN - 1) / FAN;
-    }
+    long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
+    long long ws_off = 0;  // workspace offset of the current level
+    long long tk_off = 0;  // ticket offset of the parent level
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
       const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
       if (c >= C) continue;
       A v = slot[k * tile_c + cl];
 #pragma unroll
       for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
-      if (cta_level == root_level) {
+      if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
         ws[ws_off + (node * NB + k) * C + c] = v;
       }
     }
     long long idx = node;
-    for (int level = cta_level; level < root_level; ++level) {
+    for (int level = CTA_LEVEL; level < root_level; ++level) {
       __threadfence();
       __syncthreads();
       const long long parent = idx / FAN;

@@ -2,9 +2,9 @@
 //
 // Geometry (conv1d_silu/gpu.py): a CTA has LANES x tile_v threads; thread (lane, v) owns channel
 // vector v of its tile (VEC channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks
-// `rows` consecutive tokens (a launch argument: the host may balance them over one wave of
-// resident CTAs), keeping the K-token window of x in registers. Work units are (row group,
-// channel tile) pairs with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
+// `lane_rows` consecutive tokens (a launch argument, so one instantiation serves every program),
+// keeping the K-token window of x in registers. Work units are (row group, channel tile) pairs
+// with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
 // x arrives through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead
 // of the math.
 #include "common.cuh"
