@@ -127,7 +127,6 @@ class Plan:
     root: int = 0
     ws_elems: int = 0
     n_tickets: int = 0
-    rows: int = 0  # tokens per lane (forward)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -144,12 +143,12 @@ def forward_plan(
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_fwd", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
-        "long long" if wide else "int", pipe_depth(K),
+        "long long" if wide else "int", rows, pipe_depth(K),
     )
     n_units = math.ceil(S / (LANES * rows)) * n_ctiles
     block = LANES * tile_v
     smem = pipe_bytes(K, 1, block, vec, itemsize)
-    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, rows=rows)
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off)
 
 
 def forward(
@@ -192,7 +191,7 @@ def forward(
         args=(
             x, np.int64(row_stride), weight.contiguous(), None if bias is None else bias.contiguous(),
             _table(doc), np.int64(doc.row_len), np.int32(n_docs), init, y, final, np.int64(S), np.int32(C),
-            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units), np.int32(plan.rows),
+            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
         ),
         outputs=(y,) if final is None else (y, final),
         inputs=(x,) if init is None else (x, init),

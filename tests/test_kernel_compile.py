@@ -26,14 +26,14 @@ BWD = [
     (f64, f64, f64, 4, 2, True, CU_SEQLENS, True, True, "int", 1),
     (f64, f64, f32, 8, 1, False, SINGLE, False, True, "long long", 8),
 ]
-# (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index), then the pipeline
-# depth of K
+# (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index, rows per lane), then
+# the pipeline depth of K
 FWD = [
-    (bf16, bf16, 4, 8, True, SINGLE, False, False, True, "int"),
-    (bf16, f32, 8, 8, True, CU_SEQLENS, True, True, True, "long long"),
-    (f16, f16, 2, 2, False, SEQ_IDX, True, True, False, "int"),
-    (f32, f32, 3, 4, True, BATCH, False, True, True, "int"),
-    (f64, f64, 4, 1, True, SINGLE, True, True, True, "int"),
+    (bf16, bf16, 4, 8, True, SINGLE, False, False, True, "int", 32),
+    (bf16, f32, 8, 8, True, CU_SEQLENS, True, True, True, "long long", 32),
+    (f16, f16, 2, 2, False, SEQ_IDX, True, True, False, "int", 32),
+    (f32, f32, 3, 4, True, BATCH, False, True, True, "int", 32),
+    (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
 ]
 INSTANCES = {
     "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3])) for a in BWD],

@@ -9,7 +9,7 @@
 // fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
-// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level CTA_LEVEL
+// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level cta_level
 // (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
 // CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
 // ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
   constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
   static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
-  constexpr int LANE_ROWS = SPL * SLAB;
+  constexpr long long LANE_ROWS = (long long)SPL * SLAB;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
@@ -70,22 +70,21 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Turn q (steps j = qK .. qK+K-1) of x and dy goes to pipeline stage q % DEPTH, DEPTH-1
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
-      constexpr int N_STEPS = LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
+      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
       constexpr int N_TURNS = (N_STEPS + K - 1) / K;
-      // Turns wholly inside S (all but the last one or two) copy rows at running offsets, with no
-      // per-row tests. Offsets rather than pointers: an address register updated right after the
-      // copy that reads it would stall until the copy has read it.
-      const int fast_turns = (int)(min_<long long>(N_STEPS, S - r0) / K);
-      I ox = (I)r0 * (I)x_rs + c0, ody = (I)r0 * (I)dy_rs + c0;
-      auto prefetch = [&](int q, int st) {
-        if (q < fast_turns) {
+      // Turns wholly inside S (all but the last one or two) copy from running row pointers.
+      const T* px = x + (I)r0 * (I)x_rs + c0;
+      const T* pdy = dy + (I)r0 * (I)dy_rs + c0;
+      auto prefetch = [&](int q) {
+        const int st = q % DEPTH;
+        if (q * K + K <= N_STEPS && r0 + q * K + K <= S) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
-            pipe.copy(st, i, 0, x + (ox + (I)i * (I)x_rs));
-            pipe.copy(st, i, 1, dy + (ody + (I)i * (I)dy_rs));
+            pipe.copy(st, i, 0, px);
+            pipe.copy(st, i, 1, pdy);
+            px += x_rs;
+            pdy += dy_rs;
           }
-          ox += (I)K * (I)x_rs;
-          ody += (I)K * (I)dy_rs;
         } else if (q < N_TURNS) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
@@ -101,7 +100,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         async_commit();
       };
 #pragma unroll
-      for (int q = 0; q < DEPTH - 1; ++q) prefetch(q, q);
+      for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);
 
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, r0, K - 1);
@@ -124,13 +123,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Token t = r0 + j at ring phase P: extend the rings, accumulate the slab partial if t is
       // an own row, emit dx[t-(K-1)] and the initial-state gradients that complete at t. With
-      // FULL (compile-time) the caller promises K-1 <= j and r0 <= t < r_end (an own row inside
-      // S, whose dx row t-(K-1) is an own row too). Rows
+      // FULL (compile-time) the caller promises r0 <= t < r_end (an own row, inside S). Rows
       // S .. S+n_next-1 are trailing rows (context parallelism: the next rank's first tokens of
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
       int stage = 0;
-      I odx = (I)r0 * (I)C + c0;  // dx row r0 + ju, stored in order
+      T* pdx = dx + (I)r0 * (I)C + c0;  // dx row r0 + ju, stored in order
       auto step = [&](auto phase, auto full, int j) {
         constexpr int P = decltype(phase)::value;
         constexpr bool FULL = decltype(full)::value;
@@ -184,7 +182,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
         // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
         const int ju = j - (K - 1);
-        if (FULL || (ju >= 0 && ju < own_steps)) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+        if (ju >= 0 && ju < own_steps) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
           // one document and all window rows inside S: no masks needed
           constexpr bool ALL_SAME = FULL && MODE == SINGLE;
           constexpr int first = (P + 1) % K;
@@ -198,8 +196,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
                 v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
             dxv[e] = v;
           }
-          store_vec(dx, odx, dxv);
-          odx += C;
+          store_vec(pdx, 0, dxv);
+          pdx += C;
         }
         if (HAS_INIT) {
           // A document starting at window row m >= 1 completes its initial-state row K-1-m.
@@ -235,17 +233,17 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
       for (int q = 0; q < N_TURNS; ++q) {
-        prefetch(q + DEPTH - 1, stage == 0 ? DEPTH - 1 : stage - 1);  // the stage turn q-1 read
+        prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
         async_wait<DEPTH - 1>();  // turn q has landed
+        stage = q % DEPTH;
         const int j0 = q * K;
-        if (q > 0 && j0 + K <= own_steps) {  // the first turn has dx rows before r0
+        if (j0 + K <= own_steps) {
           static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
         } else {
           static_for<0, K>([&](auto p) {
             if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, j0 + decltype(p)::value);
           });
         }
-        stage = stage + 1 == DEPTH ? 0 : stage + 1;
       }
     }
 
@@ -263,8 +261,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const int c_base = ct * tile_c;
     const int n_vals = NB * tile_c;
     long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
-    long long ws_off = 0;  // workspace offset of the current level
-    long long tk_off = 0;  // ticket offset of the parent level
+    long long ws_off = 0;    // workspace offset of the current level
+    long long tk_off = 0;    // ticket offset of the parent level
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
       const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
       if (c >= C) continue;

@@ -1,21 +1,20 @@
 // Forward template: y = act(bias + sum_k w[k] * xx[t - (K-1) + k]), one template for every variant.
 //
 // Geometry (conv1d_silu/gpu.py): a CTA has LANES x tile_v threads; thread (lane, v) owns channel
-// vector v of its tile (VEC channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks
-// `lane_rows` consecutive tokens (a launch argument, so one instantiation serves every program),
-// keeping the K-token window of x in registers. Work units are (row group, channel tile) pairs
-// with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
+// vector v of its tile (VEC channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks ROWS
+// consecutive tokens, keeping the K-token window of x in registers. Work units are (row group,
+// channel tile) pairs with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
 // x arrives through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead
 // of the math.
 #include "common.cuh"
 
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
-          bool SILU, typename I, int DEPTH>
+          bool SILU, typename I, int ROWS, int DEPTH>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     const T* __restrict__ x, long long x_rs, const TW* __restrict__ w, const TW* __restrict__ bias,
     const int* __restrict__ table, long long row_len, int n_docs, const T* __restrict__ init,
     T* __restrict__ y, T* __restrict__ final_states, long long S, int C, int tile_v, int n_ctiles,
-    long long n_units, int lane_rows) {
+    long long n_units) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
@@ -28,25 +27,24 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     const int ct = (int)(unit % n_ctiles);
     const long long group = unit / n_ctiles;
     const int c0 = (ct * tile_v + vl) * VEC;
-    const long long r0 = (group * LANES + lane) * lane_rows;
+    const long long r0 = (group * LANES + lane) * ROWS;
     if (c0 >= C || r0 >= S) continue;
 
-    const int rows = (int)min_<long long>(lane_rows, S - r0);
+    const int rows = (int)min_<long long>(ROWS, S - r0);
     const int n_turns = (rows + K - 1) / K;
-    // Offsets rather than a running pointer: an address register updated right after the copy
-    // that reads it would stall until the copy has read it.
-    I ox = (I)r0 * (I)x_rs + c0;  // the next row to prefetch
-    auto prefetch = [&](int q, int st) {  // turn q: rows qK .. qK+K-1 into stage st
+    const T* px = x + (I)r0 * (I)x_rs + c0;  // the next row to prefetch
+    auto prefetch = [&](int q) {  // turn q: rows qK .. qK+K-1 into stage q % DEPTH
       if (q < n_turns) {
 #pragma unroll
-        for (int i = 0; i < K; ++i)
-          if (q * K + K <= rows || q * K + i < rows) pipe.copy(st, i, 0, x + (ox + (I)i * (I)x_rs));
-        ox += (I)K * (I)x_rs;
+        for (int i = 0; i < K; ++i) {
+          if (q * K + K <= rows || q * K + i < rows) pipe.copy(q % DEPTH, i, 0, px);
+          px += x_rs;
+        }
       }
       async_commit();
     };
 #pragma unroll
-    for (int q = 0; q < DEPTH - 1; ++q) prefetch(q, q);
+    for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);
 
     A wv[K][VEC], bv[VEC];
     load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
@@ -59,7 +57,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
 
     int stage = 0;
-    I oy = (I)r0 * (I)C + c0;  // y row r0 + i, stored in order
+    T* py = y + (I)r0 * (I)C + c0;  // y row r0 + i, stored in order
     auto step = [&](auto phase, int i) {
       constexpr int P = decltype(phase)::value;
       const long long t = r0 + i;
@@ -77,8 +75,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
         for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
         yv[e] = SILU ? z * sigmoid(z) : z;
       }
-      store_vec(y, oy, yv);
-      oy += C;
+      store_vec(py, 0, yv);
+      py += C;
       if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // its last K-1 rows (states included)
 #pragma unroll
         for (int j = 0; j < K - 1; ++j)
@@ -86,8 +84,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
       }
     };
     for (int q = 0; q < n_turns; ++q) {  // one ring turn at a time
-      prefetch(q + DEPTH - 1, stage == 0 ? DEPTH - 1 : stage - 1);  // the stage turn q-1 read
+      prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
       async_wait<DEPTH - 1>();  // turn q has landed
+      stage = q % DEPTH;
       const int i0 = q * K;
       if (i0 + K <= rows) {
         static_for<0, K>([&](auto p) { step(p, i0 + decltype(p)::value); });
@@ -96,7 +95,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
           if (i0 + decltype(p)::value < rows) step(p, i0 + decltype(p)::value);
         });
       }
-      stage = stage + 1 == DEPTH ? 0 : stage + 1;
     }
   }
 }
