@@ -57,7 +57,9 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "rowgroup_8b",
             "bwd",
-            "row groups of 8 slabs, 8-byte accesses: half the registers per thread, more warps per SM",
+            "row groups of 8 slabs, 8-byte accesses, channel tiles of 16 vectors (128 threads): half the "
+            "registers per thread, four CTAs per SM",
+            max_tile_vectors=16,
             vec_bytes=8,
         ),
         Program(

@@ -207,6 +207,21 @@ template <int I, int N, typename F> C1S_FN void static_for(F&& f) {
   }
 }
 
+// The fold's ticket: one thread per CTA adds 1 with acquire-release semantics at GPU scope. Issued
+// after a __syncthreads, the release publishes every write of the CTA (fences are cumulative in the
+// PTX memory model), so no other thread fences and the CTA's outstanding dx stores wait for nobody
+// but thread 0; the acquire, followed by a __syncthreads, orders the children's writes before every
+// thread's reads of them (the pattern of CUTLASS's split-K semaphore).
+#ifndef CONV1D_SILU_EMULATE
+C1S_FN unsigned int ticket_add(unsigned int* p) {
+  unsigned int prev;
+  asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(prev) : "l"(p) : "memory");
+  return prev;
+}
+#else
+inline unsigned int ticket_add(unsigned int* p) { return atomicAdd(p, 1u); }
+#endif
+
 template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }
 template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
 

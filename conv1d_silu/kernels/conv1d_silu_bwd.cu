@@ -277,17 +277,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     }
     long long idx = node;
     for (int level = CTA_LEVEL; level < root_level; ++level) {
-      __threadfence();
-      __syncthreads();
+      __syncthreads();  // the node is written; thread 0's release (ticket_add) publishes it
       const long long parent = idx / FAN;
       const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
-      if (threadIdx.x == 0) {
-        const unsigned int prev = atomicAdd(&tickets[tk_off + parent * n_ctiles + ct], 1u);
-        last_flag = prev + 1 == (unsigned int)children;
-      }
-      __syncthreads();
+      if (threadIdx.x == 0)
+        last_flag = ticket_add(&tickets[tk_off + parent * n_ctiles + ct]) + 1 == (unsigned int)children;
+      __syncthreads();  // orders thread 0's acquire before every thread's reads of the children
       if (!last_flag) break;
-      __threadfence();
       const long long parent_off = ws_off + n_level * NB * C;
       for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
         const int k = i / tile_c, c = c_base + (i - k * tile_c);

@@ -1,0 +1,101 @@
+"""A/B experiments in one process: backward / forward graph-replay times (cold L2, medians) of
+kernel-source variants (text patches of conv1d_silu_bwd.cu, see VARIANTS) and channel-tile sizes,
+bf16, K = 4, bias, against PyTorch's add / copy of the same shape.
+
+    python3 scripts/ab_experiment.py S:C ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conv1d_silu import kernels, ops, routes, runtime  # noqa: E402
+from conv1d_silu.bench import Timer  # noqa: E402
+from conv1d_silu.tune import _setup  # noqa: E402
+
+_source = kernels.source.__wrapped__
+
+TICKET_OLD = """      __threadfence();
+      __syncthreads();
+      const long long parent = idx / FAN;
+      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+      if (threadIdx.x == 0) {
+        const unsigned int prev = atomicAdd(&tickets[tk_off + parent * n_ctiles + ct], 1u);
+        last_flag = prev + 1 == (unsigned int)children;
+      }
+      __syncthreads();
+      if (!last_flag) break;
+      __threadfence();"""
+TICKET_ONE = """      __syncthreads();
+      const long long parent = idx / FAN;
+      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+      if (threadIdx.x == 0) {
+        unsigned int prev;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&tickets[tk_off + parent * n_ctiles + ct]) : "memory");
+        last_flag = prev + 1 == (unsigned int)children;
+      }
+      __syncthreads();
+      if (!last_flag) break;"""
+VARIANTS = {"base": [], "one_thread_ticket": [(TICKET_OLD, TICKET_ONE)]}
+
+
+def use_variant(name: str) -> None:
+    def patched(src: str) -> str:
+        text = _source(src)
+        for old, new in VARIANTS[name] if src == "conv1d_silu_bwd" else []:
+            assert old in text, (name, old[:60])
+            text = text.replace(old, new)
+        return text
+
+    kernels.source = patched
+    runtime._functions.clear()
+    runtime._smem_raised.clear()
+
+
+def main(shapes: list[str]) -> None:
+    dev = torch.device("cuda")
+    timer = Timer(dev, reps=int(os.environ.get("REPS", "25")), warmup=2, graph=True)
+    med = lambda f: round(statistics.median(timer(f)), 2)  # noqa: E731
+    tiles = [int(t) for t in os.environ.get("TILES", "32 16 8").split()]
+    variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
+    bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
+    fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
+    for shape in shapes:
+        S, C = (int(v) for v in shape.split(":"))
+        x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
+        out = torch.empty_like(x)
+        row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out)), "copy": med(lambda: out.copy_(x))}
+        for tv in tiles:
+            for base in bwd_progs + fwd_progs:
+                name = f"{base}_t{tv}"
+                routes.PROGRAMS[name] = dataclasses.replace(routes.PROGRAMS[base], name=name, max_tile_vectors=tv)
+        ref = None
+        for v in variants:
+            use_variant(v)
+            for base in bwd_progs:
+                for tv in tiles:
+                    name = f"{base}_t{tv}"
+                    call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, name)  # noqa: E731
+                    got = call()
+                    if ref is None:
+                        ref = got
+                    same = all(torch.equal(a, c) for a, c in zip(got[:3], ref[:3]))
+                    row[f"{v}/{name}"] = med(call) if same else f"BITS DIFFER {med(call)}"
+        for base in fwd_progs:
+            for tv in tiles:
+                name = f"{base}_t{tv}"
+                row[name] = med(lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
