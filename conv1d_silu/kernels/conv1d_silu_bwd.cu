@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
   constexpr long long LANE_ROWS = (long long)SPL * SLAB;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
+  constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
@@ -285,13 +286,27 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       __syncthreads();  // orders thread 0's acquire before every thread's reads of the children
       if (!last_flag) break;
       const long long parent_off = ws_off + n_level * NB * C;
-      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
-        const int k = i / tile_c, c = c_base + (i - k * tile_c);
-        if (c >= C) continue;
-        A v = __ldcg(&ws[ws_off + (parent * FAN * NB + k) * C + c]);
+      // Every child of every value this thread folds is loaded before the first add: one L2 round
+      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load
+      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.
+      A ch[FOLD_VALUES][FAN];
 #pragma unroll
-        for (int j = 1; j < FAN; ++j)
-          v += j < children ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, c = c_base + (i - k * tile_c);
+#pragma unroll
+        for (int j = 0; j < FAN; ++j)
+          ch[r][j] = i < n_vals && c < C && j < children
+                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
+      }
+#pragma unroll
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, c = c_base + (i - k * tile_c);
+        if (i >= n_vals || c >= C) continue;
+        A v = ch[r][0];
+#pragma unroll
+        for (int j = 1; j < FAN; ++j) v += ch[r][j];
         if (level + 1 == root_level) {
           write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
         } else {
