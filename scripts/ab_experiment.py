@@ -68,7 +68,7 @@ def main(shapes: list[str]) -> None:
     dev = torch.device("cuda")
     timer = Timer(dev, reps=int(os.environ.get("REPS", "25")), warmup=2, graph=True)
     med = lambda f: round(statistics.median(timer(f)), 2)  # noqa: E731
-    tiles = [int(t) for t in os.environ.get("TILES", "32 16 8").split()]
+    tiles = [int(t) for t in os.environ.get("TILES", "0").split()]  # channel vectors per tile; 0: the program's own
     variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
@@ -81,7 +81,8 @@ def main(shapes: list[str]) -> None:
         for tv in tiles:
             for base in bwd_progs + fwd_progs:
                 name = f"{base}_t{tv}"
-                routes.PROGRAMS[name] = dataclasses.replace(routes.PROGRAMS[base], name=name, max_tile_vectors=tv)
+                own = routes.PROGRAMS[base].max_tile_vectors
+                routes.PROGRAMS[name] = dataclasses.replace(routes.PROGRAMS[base], name=name, max_tile_vectors=tv or own)
         ref = None
         for v in variants:
             use_variant(v)
