@@ -80,8 +80,8 @@ def _call(variant: str, name: str, x, dy, w, b, doc, grad_dtype):
     return ops.backward_impl(dy, x, w, b, doc, None, None, True, grad_dtype, name)
 
 
-def _programs(variant: str) -> list[str]:
-    return [n for n, p in routes.PROGRAMS.items() if p.direction == variant[:3]]
+def _programs(variant: str, only: list[str] | None = None) -> list[str]:
+    return [n for n, p in routes.PROGRAMS.items() if p.direction == variant[:3] and (not only or n in only)]
 
 
 def _compile(item: tuple[str, str]) -> str:
@@ -89,7 +89,7 @@ def _compile(item: tuple[str, str]) -> str:
     return item[1]
 
 
-def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8, log=sys.stderr) -> int:
+def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8, log=sys.stderr, programs=None) -> int:
     """Compile every kernel the measurement will launch, ``jobs`` NVRTC processes at a time
     (CuPy's on-disk cache keeps them for the timing process); returns how many."""
     import concurrent.futures
@@ -102,7 +102,7 @@ def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8
             for S in Ss:
                 for C in Cs:
                     x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device, random=False)
-                    for name in _programs(variant):
+                    for name in _programs(variant, programs):
                         _call(variant, name, x, dy, w, b, doc, grad_dtype)
     todo = sorted(recorder.kernels)
     ctx = multiprocessing.get_context("spawn")
@@ -113,7 +113,9 @@ def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8
     return len(todo)
 
 
-def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr) -> list[Measurement]:
+def measure(
+    variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr, programs=None
+) -> list[Measurement]:
     device = torch.device("cuda")
     timer = Timer(device, reps, warmup=2, graph=True)  # graph replays: kernel time, no host overhead
     out = []
@@ -126,7 +128,7 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
                 x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
                 times, spread = {}, {}
-                for name in _programs(variant):
+                for name in _programs(variant, programs):
                     t = timer(lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype))
                     q = statistics.quantiles(t, n=4)
                     times[name] = statistics.median(t)
@@ -134,6 +136,21 @@ def measure(variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=s
                 out.append(Measurement(variant, C, S, times, spread))
     log.write("\n")
     return out
+
+
+def merge(dumps: list[dict]) -> tuple[list[Measurement], dict]:
+    """Measurements of several ``--json`` dumps as one list (the first dump's meta): a (variant, C,
+    S) in several dumps gets the union of their program times, later dumps winning."""
+    merged: dict[tuple[str, int, int], Measurement] = {}
+    for raw in dumps:
+        for m in raw["measurements"]:
+            key = (m["variant"], m["C"], m["S"])
+            if key in merged:
+                merged[key].times.update(m["times"])
+                merged[key].spread.update(m["spread"])
+            else:
+                merged[key] = Measurement(m["variant"], m["C"], m["S"], dict(m["times"]), dict(m["spread"]))
+    return list(merged.values()), dumps[0]["meta"]
 
 
 def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes.Rule]]:
@@ -275,17 +292,17 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--jobs", type=int, default=8, help="parallel NVRTC compiles before timing (0: compile lazily)")
     p.add_argument("--json", help="also dump raw measurements here")
-    p.add_argument("--from-json", help="skip measuring: choose rules from a saved dump")
+    p.add_argument("--programs", nargs="*", help="time only these programs (default: every one)")
+    p.add_argument("--from-json", nargs="+", help="skip measuring: choose rules from saved dumps (merged: "
+                   "later files add programs, variants or shapes; time each (variant, C, S) in one run)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     if args.from_json:
-        raw = json.loads(Path(args.from_json).read_text())
-        ms = [Measurement(**m) for m in raw["measurements"]]
-        meta = raw["meta"]
+        ms, meta = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
         if args.jobs:
-            precompile(args.variants, args.C, args.S, jobs=args.jobs)
-        ms = measure(args.variants, args.C, args.S, args.reps)
+            precompile(args.variants, args.C, args.S, jobs=args.jobs, programs=args.programs)
+        ms = measure(args.variants, args.C, args.S, args.reps, programs=args.programs)
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
         meta["arch"] = ops._arch(torch.device("cuda"))

@@ -206,3 +206,23 @@ def test_committed_sm90_routes_pick_the_measured_fastest_within_noise():
         assert m["times"][routed] <= m["times"][fastest] * allowed, (m["variant"], m["S"], m["C"], routed, fastest)
         checked += 1
     assert checked == 8 * 4 * 43  # every variant, S and C of the tuner's grid
+
+
+def test_tuner_merges_dumps_by_variant_shape_and_program():
+    from conv1d_silu.tune import merge
+
+    def m(variant, C, S, times):
+        return {"variant": variant, "C": C, "S": S, "times": times, "spread": {k: 0.01 for k in times}}
+
+    first = {"meta": {"gpu": "one"}, "measurements": [m("bwd", 256, 32768, {"rowgroup": 100.0, "rowgroup_8b": 60.0})]}
+    second = {"meta": {"gpu": "two"}, "measurements": [
+        m("bwd", 256, 32768, {"rowgroup_8b": 58.0, "rowgroup64_8b": 50.0}),  # a later run adds programs
+        m("fwd", 256, 32768, {"fwd_rows": 10.0}),  # and variants
+    ]}
+    ms, meta = merge([first, second])
+    assert meta == {"gpu": "one"}
+    got = {(x.variant, x.C, x.S): x.times for x in ms}
+    assert got == {
+        ("bwd", 256, 32768): {"rowgroup": 100.0, "rowgroup_8b": 58.0, "rowgroup64_8b": 50.0},
+        ("fwd", 256, 32768): {"fwd_rows": 10.0},
+    }
