@@ -1,0 +1,50 @@
+"""The benchmark's baselines and CLI, on the CPU fallback (GPU timing runs in scripts/gpu-check)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conv1d_silu import bench
+from conv1d_silu.documents import doc_table
+from conv1d_silu.reference import forward as reference_forward
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_baselines_compute_the_op(bias):
+    x = torch.randn(50, 12, dtype=torch.float64)
+    w = torch.randn(12, 4, dtype=torch.float64)
+    b = torch.randn(12, dtype=torch.float64) if bias else None
+    want, _ = reference_forward(x, w, b, doc_table(x, None, None, None), None, False, True)
+    torch.testing.assert_close(bench.torch_reference(x, w, b), want)
+    torch.testing.assert_close(bench.torch_reference_shifts(x, w, b), want)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on the CPU")
+@pytest.mark.timeout(600)
+def test_compiled_baseline_builds_one_graph_for_every_shape():
+    # Inductor specialises F.conv1d's groups=C (one graph per C: the recompile storm the bench's
+    # first compiled baseline had); the shifted form stays one dynamic graph
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = torch.compile(bench.torch_reference_shifts, dynamic=True)
+    compiled(torch.randn(40, 8), torch.randn(8, 4), torch.randn(8))
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
+        for S, C in ((64, 16), (100, 24), (33, 264)):
+            x, w, b = torch.randn(S, C), torch.randn(C, 4), torch.randn(C)
+            torch.testing.assert_close(compiled(x, w, b), bench.torch_reference(x, w, b))
+
+
+def test_cli_writes_rows_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    result = bench.main(["--cpu", "--shapes", "64,16", "--reps", "2", "--warmup", "1", "--baselines", "eager",
+                         "--no-host", "--json", str(out), "--csv", str(tmp_path / "r.csv")])
+    assert json.loads(out.read_text())["rows"] == result["rows"]
+    calls = {(r["call"], r["impl"]) for r in result["rows"]}
+    assert {("fwd", "conv1d_silu"), ("bwd", "conv1d_silu"), ("fwd", "torch_eager")} <= calls
+    assert all(r["median_us"] > 0 for r in result["rows"])
+    assert "| 64 | 16 |" in capsys.readouterr().out
