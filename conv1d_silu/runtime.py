@@ -56,13 +56,10 @@ class DeviceLimits:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[start, end) byte range a tensor's elements occupy."""
-    p = t.data_ptr()
-    if t.is_contiguous():  # every launch's outputs and most inputs: no per-dimension sum
-        return (p, p + t.nbytes)
     if t.numel() == 0:
-        return (p, p)
+        return (t.data_ptr(), t.data_ptr())
     extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    return (p, p + extent * t.element_size())
+    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -211,9 +208,10 @@ def max_active_blocks(source: str, kernel: str, block: int, smem: int, device_in
     return max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
 
 
-def kernel_args(spec: Launch) -> tuple:
-    """The argument list as CuPy takes it: device pointers for tensors, the rest as given."""
-    return tuple([a.data_ptr() if isinstance(a, torch.Tensor) else a for a in spec.args])
+def _arg(a):
+    if isinstance(a, torch.Tensor):
+        return a.data_ptr()
+    return a
 
 
 def launch(spec: Launch, device: torch.device) -> None:
@@ -224,7 +222,7 @@ def launch(spec: Launch, device: torch.device) -> None:
     cp = _cupy()
     with cp.cuda.Device(index):
         _prepare_smem(fn, spec.smem, index)
-        fn(spec.grid, (spec.block, 1, 1), kernel_args(spec), shared_mem=spec.smem, stream=_stream(index))
+        fn(spec.grid, (spec.block, 1, 1), tuple(_arg(a) for a in spec.args), shared_mem=spec.smem, stream=_stream(index))
 
 
 def warmup(device: torch.device | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:
