@@ -7,7 +7,8 @@ speedup with a 95 % bootstrap CI and the share of the copy bandwidth measured in
 against ``y.copy_(x)`` and the backward against ``torch.add(x, dy, out=dx)`` of the same shape.
 Baselines: PyTorch eager (``F.conv1d`` with ``groups=C``), ``torch.compile(dynamic=True)`` of the
 same op as K shifted multiply-adds (one graph for every shape: Inductor specialises ``groups``),
-causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU fallback at small sizes (a smoke test of the harness).
+causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU fallback
+at small sizes (a smoke test of the harness).
 """
 
 from __future__ import annotations

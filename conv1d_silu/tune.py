@@ -89,7 +89,9 @@ def _compile(item: tuple[str, str]) -> str:
     return item[1]
 
 
-def precompile(variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8, log=sys.stderr, programs=None) -> int:
+def precompile(
+    variants, Cs, Ss, K: int = 4, dtype=torch.bfloat16, jobs: int = 8, log=sys.stderr, programs=None
+) -> int:
     """Compile every kernel the measurement will launch, ``jobs`` NVRTC processes at a time
     (CuPy's on-disk cache keeps them for the timing process); returns how many."""
     import concurrent.futures

@@ -24,31 +24,12 @@ from conv1d_silu.tune import _setup  # noqa: E402
 
 _source = kernels.source.__wrapped__
 
-TICKET_OLD = """      __threadfence();
-      __syncthreads();
-      const long long parent = idx / FAN;
-      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
-      if (threadIdx.x == 0) {
-        const unsigned int prev = atomicAdd(&tickets[tk_off + parent * n_ctiles + ct], 1u);
-        last_flag = prev + 1 == (unsigned int)children;
-      }
-      __syncthreads();
-      if (!last_flag) break;
-      __threadfence();"""
-TICKET_ONE = """      __syncthreads();
-      const long long parent = idx / FAN;
-      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
-      if (threadIdx.x == 0) {
-        unsigned int prev;
-        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&tickets[tk_off + parent * n_ctiles + ct]) : "memory");
-        last_flag = prev + 1 == (unsigned int)children;
-      }
-      __syncthreads();
-      if (!last_flag) break;"""
 NO_CHAIN = ("      if (!last_flag) break;", "      if (!last_flag || level >= 0) break;  // timing only: nobody folds")
+# The fold of 977b8d6 and the serial one it replaced (prediction 3 of docs/performance.md v6), as
+# text: the device's copy of the tree does not always carry the git history to fetch them from.
 FOLD_NEW = '      // Every child of every value this thread folds is loaded before the first add: one L2 round\n      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load\n      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.\n      A ch[FOLD_VALUES][FAN];\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n#pragma unroll\n        for (int j = 0; j < FAN; ++j)\n          ch[r][j] = i < n_vals && c < C && j < children\n                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n      }\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (i >= n_vals || c >= C) continue;\n        A v = ch[r][0];\n#pragma unroll\n        for (int j = 1; j < FAN; ++j) v += ch[r][j];\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
 FOLD_SERIAL = '      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (c >= C) continue;\n        A v = __ldcg(&ws[ws_off + (parent * FAN * NB + k) * C + c]);\n#pragma unroll\n        for (int j = 1; j < FAN; ++j)\n          v += j < children ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
-VARIANTS = {"base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "one_thread_ticket": [(TICKET_OLD, TICKET_ONE)], "no_chain": [NO_CHAIN]}
+VARIANTS = {"base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN]}
 
 
 def use_variant(name: str) -> None:
@@ -72,7 +53,6 @@ def main(shapes: list[str]) -> None:
     variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
-    # TICKET_OLD is the kernel before commit "one-thread acquire-release ticket": apply it to such a tree
     for shape in shapes:
         S, C = (int(v) for v in shape.split(":"))
         x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)

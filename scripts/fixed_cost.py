@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conv1d_silu import gpu, ops  # noqa: E402
+from conv1d_silu.routes import PROGRAMS  # noqa: E402
 from conv1d_silu.bench import Timer  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
@@ -47,8 +48,7 @@ def main(Cs: list[int]) -> None:
             for prog in ("rowgroup_8b", "rowgroup_long_8b"):
                 call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, prog)  # noqa: E731
                 r[prog] = med(call)
-                plan = _plan(x.dtype, w.dtype, gd, 4, C, S, C, C, 16, True, doc.mode, False, True,
-                             __import__("conv1d_silu.routes", fromlist=["PROGRAMS"]).PROGRAMS[prog], 0)
+                plan = _plan(x.dtype, w.dtype, gd, 4, C, S, C, C, 16, True, doc.mode, False, True, PROGRAMS[prog], 0)
                 gpu.backward_plan = no_climb_plan
                 try:
                     r[prog + " no-climb"] = med(call)

@@ -226,3 +226,12 @@ def test_tuner_merges_dumps_by_variant_shape_and_program():
         ("bwd", 256, 32768): {"rowgroup": 100.0, "rowgroup_8b": 58.0, "rowgroup64_8b": 50.0},
         ("fwd", 256, 32768): {"fwd_rows": 10.0},
     }
+
+
+def test_tuner_times_only_the_programs_asked_for():
+    from conv1d_silu.tune import _programs
+
+    every = _programs("bwd_bias")
+    assert every == [n for n, p in PROGRAMS.items() if p.direction == "bwd"]
+    assert _programs("bwd_bias", ["rowgroup", "rowgroup_8b", "fwd_rows"]) == ["rowgroup", "rowgroup_8b"]
+    assert _programs("fwd", ["rowgroup", "fwd_rows"]) == ["fwd_rows"]
