@@ -11,7 +11,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import kernels
@@ -189,9 +188,8 @@ def forward(
         block=plan.block,
         smem=plan.smem,
         args=(
-            x, np.int64(row_stride), weight.contiguous(), None if bias is None else bias.contiguous(),
-            _table(doc), np.int64(doc.row_len), np.int32(n_docs), init, y, final, np.int64(S), np.int32(C),
-            np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
+            x, row_stride, weight.contiguous(), None if bias is None else bias.contiguous(), _table(doc),
+            doc.row_len, n_docs, init, y, final, S, C, plan.tile_v, plan.n_ctiles, plan.n_units,
         ),
         outputs=(y,) if final is None else (y, final),
         inputs=(x,) if init is None else (x, init),
@@ -290,11 +288,10 @@ def backward(
         block=plan.block,
         smem=plan.smem,
         args=(
-            x, np.int64(x_stride), dy, np.int64(dy_stride), weight.contiguous(),
-            None if bias is None else bias.contiguous(), _table(doc), np.int64(doc.row_len), np.int32(n_docs),
-            init, dx, dinit, dw, db, np.int32(1 if accumulate else 0), workspace, tickets, np.int64(S),
-            np.int32(C), np.int32(plan.tile_v), np.int32(plan.n_ctiles), np.int64(plan.n_units),
-            np.int32(plan.root), next_x, next_dy, np.int32(0 if next_x is None else next_x.shape[0]),
+            x, x_stride, dy, dy_stride, weight.contiguous(), None if bias is None else bias.contiguous(),
+            _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
+            S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
+            0 if next_x is None else next_x.shape[0],
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),

@@ -29,8 +29,8 @@ _lock = threading.Lock()
 class Launch:
     """One kernel launch: what to instantiate, the geometry and the argument list.
 
-    ``args`` holds tensors (passed as device pointers), None (null pointers) and NumPy scalars
-    whose types match the C signature (np.int32 for int, np.int64 for long long).
+    ``args`` holds tensors (passed as device pointers), None (null pointers) and Python ints: every
+    kernel parameter is 8 bytes (a pointer or ``long long``), see :func:`pack_args`.
     """
 
     source: str
@@ -56,10 +56,13 @@ class DeviceLimits:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[start, end) byte range a tensor's elements occupy."""
+    p = t.data_ptr()
+    if t.is_contiguous():
+        return (p, p + t.numel() * t.element_size())
     if t.numel() == 0:
-        return (t.data_ptr(), t.data_ptr())
+        return (p, p)
     extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+    return (p, p + extent * t.element_size())
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -83,9 +86,11 @@ def validate(launch: Launch, limits: DeviceLimits) -> None:
         )
     if not launch.index_64 and launch.max_offset >= 2**31:
         raise ValueError(f"{launch.kernel}: offsets up to {launch.max_offset} need 64-bit indexing")
-    for out in launch.outputs:
-        for inp in launch.inputs:
-            if overlaps(out, inp):
+    if launch.outputs:
+        ins = [_span(t) for t in launch.inputs]
+        for out in launch.outputs:
+            o0, o1 = _span(out)
+            if any(o0 < i1 and i0 < o1 for i0, i1 in ins):
                 raise ValueError(f"{launch.kernel}: an output overlaps an input (outputs must be fresh)")
 
 
@@ -126,6 +131,15 @@ class CompileError(RuntimeError):
 
 
 _functions: dict[tuple[str, str, int], object] = {}
+_handles: dict[tuple[str, str, int], int] = {}  # the CUfunction of each compiled kernel
+_contexts: dict[int, int] = {}  # device index -> the CUDA context CuPy loaded its modules in
+
+
+@functools.lru_cache(maxsize=1)
+def _driver():
+    from cupy_backends.cuda.api import driver
+
+    return driver
 
 
 def function(source: str, kernel: str, device_index: int):
@@ -143,6 +157,8 @@ def function(source: str, kernel: str, device_index: int):
                 module = cp.RawModule(code=code, options=NVRTC_OPTIONS, name_expressions=[kernel])
                 fn = module.get_function(kernel)
                 fn.attributes  # forces compilation and load now, inside the lock  # noqa: B018
+                _handles[key] = fn.kernel.ptr
+                _contexts[device_index] = _driver().ctxGetCurrent()
             except Exception as err:  # CompileException, or a load failure
                 log = err.get_message() if hasattr(err, "get_message") else str(err)
                 raise CompileError(
@@ -153,39 +169,11 @@ def function(source: str, kernel: str, device_index: int):
     return fn
 
 
-_streams: dict[tuple[int, int], object] = {}
-
-
-class _RawStream:
-    """A bare CUDA stream handle in the CUDA stream protocol."""
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
-
-
 def current_stream_ptr(device_index: int) -> int:
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
-
-
-def _stream(device_index: int):
-    ptr = current_stream_ptr(device_index)
-    key = (device_index, ptr)
-    s = _streams.get(key)
-    if s is None:
-        cp = require_cupy()
-        from_external = getattr(cp.cuda.Stream, "from_external", None)
-        if from_external is not None:
-            s = from_external(_RawStream(ptr))
-        else:  # CuPy < 14
-            s = cp.cuda.ExternalStream(ptr, device_index)
-        _streams[key] = s
-    return s
 
 
 _smem_raised: dict[int, int] = {}  # id(kernel function) -> the dynamic shared memory it allows
@@ -203,26 +191,57 @@ def max_active_blocks(source: str, kernel: str, block: int, smem: int, device_in
     """Resident CTAs per SM for this instantiation (for persistent grids)."""
     fn = function(source, kernel, device_index)
     _prepare_smem(fn, smem, device_index)
-    from cupy_backends.cuda.api import driver
-
-    return max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
+    return max(1, _driver().occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
 
 
-def _arg(a):
-    if isinstance(a, torch.Tensor):
-        return a.data_ptr()
-    return a
+MAX_ARGS = 64
+
+
+class _ParamBuffer(threading.local):
+    """Per-thread kernel parameters: MAX_ARGS 8-byte slots and the array of pointers to them that
+    ``cuLaunchKernel`` takes (it copies the values at the call, so the slots are reused)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.slots = (ctypes.c_int64 * MAX_ARGS)()
+        base = ctypes.addressof(self.slots)
+        self.pointers = (ctypes.c_void_p * MAX_ARGS)(*(base + 8 * i for i in range(MAX_ARGS)))
+        self.pointers_addr = ctypes.addressof(self.pointers)
+
+
+_params = _ParamBuffer()
+
+
+def pack_args(args: tuple, into) -> None:
+    """Write the arguments as 8-byte values (tensor: its address, None: 0, int) into ``into``."""
+    if len(args) > MAX_ARGS:
+        raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
+    for i, a in enumerate(args):
+        into[i] = a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a
 
 
 def launch(spec: Launch, device: torch.device) -> None:
-    """Validate and launch on the current stream of ``device``."""
+    """Validate and launch on the current stream of ``device``.
+
+    The launch goes straight to ``cuLaunchKernel`` with the packed parameters (CuPy's per-argument
+    conversion costs more than the launch itself on a slow host), in the CUDA context CuPy loaded the
+    kernel in: the caller's when it is current, as it is under torch's device guard, else entered.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     validate(spec, device_limits(index))
     fn = function(spec.source, spec.kernel, index)
-    cp = _cupy()
-    with cp.cuda.Device(index):
-        _prepare_smem(fn, spec.smem, index)
-        fn(spec.grid, (spec.block, 1, 1), tuple(_arg(a) for a in spec.args), shared_mem=spec.smem, stream=_stream(index))
+    _prepare_smem(fn, spec.smem, index)
+    p = _params
+    pack_args(spec.args, p.slots)
+    driver = _driver()
+    gx, gy, gz = spec.grid
+    args = (_handles[(spec.source, spec.kernel, index)], gx, gy, gz, spec.block, 1, 1, spec.smem)
+    if driver.ctxGetCurrent() == _contexts[index]:
+        driver.launchKernel(*args, current_stream_ptr(index), p.pointers_addr, 0)
+    else:
+        with _cupy().cuda.Device(index):
+            driver.launchKernel(*args, current_stream_ptr(index), p.pointers_addr, 0)
 
 
 def warmup(device: torch.device | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:

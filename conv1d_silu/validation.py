@@ -59,6 +59,8 @@ def row_stride(t: torch.Tensor) -> int | None:
     or rows overlapping (token stride < C).
     """
     C = t.shape[-1]
+    if t.is_contiguous():
+        return C
     if C > 1 and t.stride(-1) != 1:
         return None
     if t.dim() == 2:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from conv1d_silu import gpu, routes, runtime
+from conv1d_silu import gpu, kernels, routes, runtime
 from conv1d_silu.runtime import DeviceLimits, Launch, overlaps, validate
 
 LIMITS = DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
@@ -108,8 +107,21 @@ def test_cuda_tensor_without_cupy_names_the_extra(monkeypatch):
         runtime._cupy.cache_clear()
 
 
-def test_launch_args_match_the_kernel_signature_types():
-    """Scalars are NumPy types of the C signature (CuPy turns Python ints into long long)."""
+def _kernel_parameters(source: str) -> list[str]:
+    text = kernels.source(source)
+    sig = text[text.index(f"{source}(", text.index("__global__")) + len(source) + 1 :]
+    return [" ".join(p.split()) for p in sig[: sig.index(")")].split(",")]
+
+
+@pytest.mark.parametrize("source", kernels.SOURCES)
+def test_every_kernel_parameter_is_eight_bytes(source):
+    """runtime.pack_args writes every argument as 8 bytes: pointers and long long only."""
+    for p in _kernel_parameters(source):
+        assert "*" in p or p.startswith("long long "), p
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_launch_args_match_the_kernel_signature(direction):
     from emulator import EmulatorLauncher
 
     from conv1d_silu.documents import doc_table
@@ -118,9 +130,29 @@ def test_launch_args_match_the_kernel_signature_types():
     x = torch.randn(100, 8)
     w = torch.randn(8, 4)
     doc = doc_table(x, None, None, None)
-    gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)
-    for a in rec.launches[0].args:
-        assert a is None or isinstance(a, (torch.Tensor, np.int32, np.int64))
+    if direction == "fwd":
+        gpu.forward(x, w, None, doc, None, False, True, routes.PROGRAMS["fwd_rows"], 8, launcher=rec)
+    else:
+        gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)
+    (launch,) = rec.launches
+    params = _kernel_parameters(launch.source)
+    assert len(launch.args) == len(params)
+    for a, p in zip(launch.args, params):
+        if isinstance(a, torch.Tensor) or a is None:
+            assert "*" in p, (p, a)
+        else:
+            assert type(a) is int and p.startswith("long long "), (p, a)
+
+
+def test_pack_args_writes_addresses_zeros_and_ints():
+    import ctypes
+
+    from conv1d_silu.runtime import pack_args
+
+    t = torch.zeros(3)
+    slots = (ctypes.c_int64 * 4)()
+    pack_args((t, None, 7, 2**40), slots)
+    assert list(slots) == [t.data_ptr(), 0, 7, 2**40]
 
 
 def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkeypatch):

@@ -25,12 +25,15 @@ template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, i
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
     const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
-    long long row_len, int n_docs, const T* __restrict__ init, T* __restrict__ dx,
-    T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, int accumulate,
-    void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, int C, int tile_v,
-    int n_ctiles, long long n_units, int root_level, const T* __restrict__ next_x,
-    const T* __restrict__ next_dy, int n_next) {
+    long long row_len, long long n_docs_, const T* __restrict__ init, T* __restrict__ dx,
+    T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
+    void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, long long C_,
+    long long tile_v_, long long n_ctiles_, long long n_units, long long root_level_,
+    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_) {
   using namespace c1s;
+  // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
+  const int n_docs = (int)n_docs_, accumulate = (int)accumulate_, C = (int)C_, tile_v = (int)tile_v_;
+  const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
   constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;

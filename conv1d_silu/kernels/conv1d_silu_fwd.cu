@@ -12,10 +12,12 @@ template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool
           bool SILU, typename I, int ROWS, int DEPTH>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd(
     const T* __restrict__ x, long long x_rs, const TW* __restrict__ w, const TW* __restrict__ bias,
-    const int* __restrict__ table, long long row_len, int n_docs, const T* __restrict__ init,
-    T* __restrict__ y, T* __restrict__ final_states, long long S, int C, int tile_v, int n_ctiles,
-    long long n_units) {
+    const int* __restrict__ table, long long row_len, long long n_docs_, const T* __restrict__ init,
+    T* __restrict__ y, T* __restrict__ final_states, long long S, long long C_, long long tile_v_,
+    long long n_ctiles_, long long n_units) {
   using namespace c1s;
+  // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
+  const int n_docs = (int)n_docs_, C = (int)C_, tile_v = (int)tile_v_, n_ctiles = (int)n_ctiles_;
   using A = typename Acc<T>::type;
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   const RowPipe<T, VEC, K, 1, DEPTH> pipe{reinterpret_cast<T*>(smem_raw)};

@@ -11,12 +11,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from conv1d_silu import kernels
 from conv1d_silu.gpu import Launcher
-from conv1d_silu.runtime import DeviceLimits, Launch, validate
+from conv1d_silu.runtime import DeviceLimits, Launch, pack_args, validate
 
 HERE = Path(__file__).resolve().parent
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -76,20 +75,6 @@ def _library(source: str, kernel: str) -> ctypes.CDLL:
     return lib
 
 
-def _c_value(a):
-    if a is None:
-        return ctypes.c_void_p(0)
-    if isinstance(a, torch.Tensor):
-        return ctypes.c_void_p(a.data_ptr())
-    if isinstance(a, np.int32):
-        return ctypes.c_int32(int(a))
-    if isinstance(a, np.int64):
-        return ctypes.c_int64(int(a))
-    if isinstance(a, np.float32):
-        return ctypes.c_float(float(a))
-    raise TypeError(f"emulator: unsupported kernel argument {type(a).__name__}")
-
-
 class EmulatorLauncher(Launcher):
     """Runs launches on the CPU; records them for the tests that look at geometry."""
 
@@ -107,8 +92,10 @@ class EmulatorLauncher(Launcher):
         validate(launch, LIMITS)
         self.launches.append(launch)
         lib = _library(launch.source, launch.kernel)
-        values = [_c_value(a) for a in launch.args]
-        ptrs = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+        slots = (ctypes.c_int64 * len(launch.args))()
+        pack_args(launch.args, slots)  # the GPU's packing: every parameter 8 bytes
+        base = ctypes.addressof(slots)
+        ptrs = (ctypes.c_void_p * len(slots))(*(base + 8 * i for i in range(len(slots))))
         rc = lib.emu_launch(launch.grid[0], launch.block, launch.smem, ptrs)
         if rc != 0:
             raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")
