@@ -53,11 +53,19 @@ def main(shapes: list[str]) -> None:
     variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
-    for shape in shapes:
+    # ROW_PAD="0 64": also read x and dy as column slices of buffers whose rows are padded to a multiple
+    # of that many channels (row starts aligned to 128 bytes for bf16 at 64): does the row alignment,
+    # not the width, make C = 264 / 392 / 408 slow? (dx and y stay contiguous.)
+    pads = [int(p) for p in os.environ.get("ROW_PAD", "0").split()]
+    for shape, pad in [(s, p) for s in shapes for p in pads]:
         S, C = (int(v) for v in shape.split(":"))
         x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
-        out = torch.empty_like(x)
-        row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out)), "copy": med(lambda: out.copy_(x))}
+        if pad:
+            width = -(-C // pad) * pad
+            x, dy = (torch.zeros(S, width, device=dev, dtype=t.dtype)[:, :C].copy_(t) for t in (x, dy))
+        out = torch.empty(S, C, device=dev, dtype=x.dtype)
+        row = {"S": S, "C": C, "row_pad": pad, "add": med(lambda: torch.add(x, dy, out=out)),
+               "copy": med(lambda: out.copy_(x))}
         for tv in tiles:
             for base in bwd_progs + fwd_progs:
                 name = f"{base}_t{tv}"
