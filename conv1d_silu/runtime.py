@@ -2,8 +2,10 @@
 
 * Compiled once per (source, template instantiation, device); CuPy keeps the cubin on disk
   (``CUPY_CACHE_DIR``) and this module keeps the loaded function in-process.
-* Launches go on ``torch.cuda.current_stream()`` of the tensors' device, under that device, with
-  no host synchronisation and no CuPy allocation: a warmed-up call is CUDA-graph capturable.
+* Launches go on ``torch.cuda.current_stream()`` of the tensors' device through
+  ``cuLaunchKernel`` (CuPy's driver binding) with every parameter packed as 8 bytes, in the CUDA
+  context CuPy loaded the kernel in; no host synchronisation and no CuPy allocation: a warmed-up
+  call is CUDA-graph capturable.
 * Every launch passes :func:`validate` first (grid/block shape, shared memory, output aliasing,
   index width).
 
