@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -327,8 +328,10 @@ def run(args) -> dict:
 
 
 def meta(device: torch.device, args, bw: float) -> dict:
+    # CONV1D_SILU_COMMIT names the commit where the tree's own git history cannot (a copied tree)
+    commit = os.environ.get("CONV1D_SILU_COMMIT", "")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     except Exception:
         commit = ""
     try:

@@ -48,3 +48,14 @@ def test_cli_writes_rows_on_the_cpu(tmp_path, capsys):
     assert {("fwd", "conv1d_silu"), ("bwd", "conv1d_silu"), ("fwd", "torch_eager")} <= calls
     assert all(r["median_us"] > 0 for r in result["rows"])
     assert "| 64 | 16 |" in capsys.readouterr().out
+
+
+def test_meta_takes_the_commit_from_the_environment(monkeypatch):
+    """A copied tree (the GPU machine's) may carry stale git history: CONV1D_SILU_COMMIT wins."""
+    import argparse
+
+    args = argparse.Namespace(dtype="bf16", K=4, graph=True, reps=3)
+    monkeypatch.setenv("CONV1D_SILU_COMMIT", "0123456789abcdef")
+    assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] == "0123456789abcdef"
+    monkeypatch.delenv("CONV1D_SILU_COMMIT")
+    assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] != "0123456789abcdef"
