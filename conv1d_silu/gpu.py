@@ -16,7 +16,7 @@ import torch
 from . import kernels
 from .documents import CU_SEQLENS, SEQ_IDX, DocTable
 from .routes import LANES, Program, tile_vectors
-from .runtime import Launch
+from .runtime import Launch, current_stream_ptr
 
 SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
 FAN = 8  # children per node of the canonical tree
@@ -200,6 +200,37 @@ def forward(
     return y, final
 
 
+_scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type, index, stream) -> buffer
+SCRATCH_KEEP_BYTES = 16 << 20  # larger workspaces are allocated per call, not kept
+
+
+def stream_scratch(what: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``n`` elements of a buffer kept per (device, stream) between backward launches.
+
+    ``what`` is ``"tickets"`` (zeros: the kernel's last arriver at each tree node resets its
+    ticket, so every launch leaves them at zero, and no memset launch is needed) or
+    ``"workspace"`` (every node is written before it is read, so no contents are needed).
+    Launches on one stream never overlap, so they can share a buffer. While a CUDA graph is
+    captured, or past SCRATCH_KEEP_BYTES, the buffer is allocated for this call instead, because a
+    graph may replay on any stream.
+    """
+    fresh = torch.zeros if what == "tickets" else torch.empty
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return fresh(n, dtype=dtype, device=device)
+        index = _index(device)
+        key = (what, dtype, "cuda", index, current_stream_ptr(index))
+    else:
+        key = (what, dtype, device.type, 0, 0)
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < n:
+        size = max(n, 2 * (0 if buf is None else buf.numel()), 1024)
+        if size * dtype.itemsize > SCRATCH_KEEP_BYTES:
+            return fresh(n, dtype=dtype, device=device)
+        buf = _scratch[key] = fresh(size, dtype=dtype, device=device)
+    return buf[:n]
+
+
 @functools.lru_cache(maxsize=8192)
 def backward_plan(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, S: int, x_stride: int,
@@ -279,8 +310,8 @@ def backward(
         has_bias, doc.mode, init is not None, silu, program, n_docs,
     )
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    workspace = torch.empty(plan.ws_elems, dtype=acc_dtype, device=x.device) if plan.ws_elems else None
-    tickets = torch.zeros(plan.n_tickets, dtype=torch.int32, device=x.device) if plan.n_tickets else None
+    workspace = stream_scratch("workspace", plan.ws_elems, acc_dtype, x.device) if plan.ws_elems else None
+    tickets = stream_scratch("tickets", plan.n_tickets, torch.int32, x.device) if plan.n_tickets else None
     launch = Launch(
         source="conv1d_silu_bwd",
         kernel=plan.kernel,

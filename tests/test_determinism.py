@@ -58,3 +58,25 @@ def test_every_program_gives_the_same_bits(kernel_backend, shape, dtype):
     for name in BWD_PROGRAMS + FWD_PROGRAMS:
         for a, b in zip(base, _grads(case, program=name)[0]):
             assert torch.equal(a, b), name
+
+
+def test_reused_tickets_are_left_at_zero(kernel_backend):
+    """The backward reuses one ticket buffer per stream without a memset: every launch must leave
+    it all zero (the last arriver resets each ticket), whatever the shape and program."""
+    from conv1d_silu import gpu
+
+    gpu._scratch.clear()
+    first, cases = {}, {}
+    for S, C in ((3000, 16), (70000, 8), (300, 40)):
+        cases[S, C] = make_case(S=S, C=C, K=4, mode="single", dtype=torch.float32, device=kernel_backend.device)
+        cases[S, C]["dy"] = torch.randn_like(cases[S, C]["x"])
+    for rep in range(2):
+        for (S, C), case in cases.items():
+            for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm"):
+                got = _grads(case, program)[0]
+                if rep == 0:
+                    first[S, C, program] = got
+                else:
+                    assert all(torch.equal(a, b) for a, b in zip(got, first[S, C, program])), (S, C, program)
+                bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
+                assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)

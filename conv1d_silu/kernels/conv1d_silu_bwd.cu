@@ -288,6 +288,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         last_flag = ticket_add(&tickets[tk_off + parent * n_ctiles + ct]) + 1 == (unsigned int)children;
       __syncthreads();  // orders thread 0's acquire before every thread's reads of the children
       if (!last_flag) break;
+      // Every child has arrived, and nobody else touches this ticket in this launch: the last
+      // arriver leaves it at zero for the next launch on the stream (gpu.stream_scratch).
+      if (threadIdx.x == 0) tickets[tk_off + parent * n_ctiles + ct] = 0;
       const long long parent_off = ws_off + n_level * NB * C;
       // Every child of every value this thread folds is loaded before the first add: one L2 round
       // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load
