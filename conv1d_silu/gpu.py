@@ -128,6 +128,11 @@ class Plan:
     n_tickets: int = 0
 
 
+def program_tile(program: Program, C: int, vec: int, itemsize: int) -> int:
+    """Channel vectors per CTA tile for ``program`` at ``C`` channels of ``vec``-wide vectors."""
+    return tile_vectors(C // vec, program.max_tile_vectors, max(1, program.tile_align_bytes // (vec * itemsize)))
+
+
 @functools.lru_cache(maxsize=8192)
 def forward_plan(
     dtype: torch.dtype, wdtype: torch.dtype, K: int, C: int, S: int, row_stride: int, align: int,
@@ -135,7 +140,7 @@ def forward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False, max_bytes=program.vec_bytes)
-    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
     rows = program.rows_per_lane
     max_off = _max_offset(S, C, [row_stride], n_docs, K)
@@ -238,7 +243,7 @@ def backward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
-    tile_v = tile_vectors(C // vec, program.max_tile_vectors)
+    tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
     cta_level = 1 if spl == 1 else 2

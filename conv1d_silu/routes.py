@@ -35,6 +35,7 @@ class Program:
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
+    tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -227,7 +228,10 @@ def forced(name: str | None, direction: str, on_cuda: bool) -> Program | None:
     return program
 
 
-def tile_vectors(n_vectors: int, cap: int) -> int:
-    """Balanced channel tile: the fewest tiles of at most ``cap`` vectors, split evenly."""
+def tile_vectors(n_vectors: int, cap: int, align: int = 1) -> int:
+    """Channel tile width in vectors: the fewest tiles of at most ``cap`` vectors, split evenly,
+    then rounded up to a multiple of ``align`` vectors (at most ``cap``) so every tile starts on
+    an aligned byte offset within the row."""
     tiles = max(1, math.ceil(n_vectors / cap))
-    return math.ceil(n_vectors / tiles)
+    balanced = math.ceil(n_vectors / tiles)
+    return min(cap, -(-balanced // align) * align)

@@ -45,11 +45,18 @@ def use_variant(name: str) -> None:
     runtime._smem_raised.clear()
 
 
+def _name(base: str, tiles: int, align: int) -> str:
+    return f"{base}_t{tiles}" + (f"_a{align}" if align else "")
+
+
 def main(shapes: list[str]) -> None:
     dev = torch.device("cuda")
     timer = Timer(dev, reps=int(os.environ.get("REPS", "25")), warmup=2, graph=True)
     med = lambda f: round(statistics.median(timer(f)), 2)  # noqa: E731
     tiles = [int(t) for t in os.environ.get("TILES", "0").split()]  # channel vectors per tile; 0: the program's own
+    # ALIGNS="0 32 128": also channel tiles that start on multiples of that many bytes (Program.tile_align_bytes)
+    aligns = [int(a) for a in os.environ.get("ALIGNS", "0").split()]
+    tile_keys = [(tv, al) for tv in tiles for al in aligns]
     variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
@@ -66,17 +73,17 @@ def main(shapes: list[str]) -> None:
         out = torch.empty(S, C, device=dev, dtype=x.dtype)
         row = {"S": S, "C": C, "row_pad": pad, "add": med(lambda: torch.add(x, dy, out=out)),
                "copy": med(lambda: out.copy_(x))}
-        for tv in tiles:
+        for tv, al in tile_keys:
             for base in bwd_progs + fwd_progs:
-                name = f"{base}_t{tv}"
                 own = routes.PROGRAMS[base].max_tile_vectors
-                routes.PROGRAMS[name] = dataclasses.replace(routes.PROGRAMS[base], name=name, max_tile_vectors=tv or own)
+                routes.PROGRAMS[_name(base, tv, al)] = dataclasses.replace(
+                    routes.PROGRAMS[base], name=_name(base, tv, al), max_tile_vectors=tv or own, tile_align_bytes=al)
         ref = None
         for v in variants:
             use_variant(v)
             for base in bwd_progs:
-                for tv in tiles:
-                    name = f"{base}_t{tv}"
+                for tv, al in tile_keys:
+                    name = _name(base, tv, al)
                     call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, name)  # noqa: E731
                     got = call()
                     if ref is None:
@@ -84,8 +91,8 @@ def main(shapes: list[str]) -> None:
                     same = all(torch.equal(a, c) for a, c in zip(got[:3], ref[:3]))
                     row[f"{v}/{name}"] = med(call) if same else f"BITS DIFFER {med(call)}"
         for base in fwd_progs:
-            for tv in tiles:
-                name = f"{base}_t{tv}"
+            for tv, al in tile_keys:
+                name = _name(base, tv, al)
                 row[name] = med(lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
         print(json.dumps(row), flush=True)
 

@@ -135,6 +135,16 @@ def test_tile_vectors_balance():
     assert routes.tile_vectors(1, 32) == 1
 
 
+def test_tile_vectors_align():
+    # 66 vectors (C = 264 in 8-byte bf16 vectors): 5 tiles of 14 balanced, 16 when tiles start on 32 bytes
+    assert routes.tile_vectors(66, 16) == 14
+    assert routes.tile_vectors(66, 16, align=4) == 16
+    assert routes.tile_vectors(66, 32, align=4) == 24
+    assert routes.tile_vectors(98, 32, align=4) == 28
+    assert routes.tile_vectors(66, 32, align=64) == 32  # never past the cap
+    assert routes.tile_vectors(64, 16, align=4) == 16
+
+
 def test_tuner_chooses_bands_and_floors_from_measurements():
     from conv1d_silu.tune import Measurement, choose
 
