@@ -229,9 +229,15 @@ def forced(name: str | None, direction: str, on_cuda: bool) -> Program | None:
 
 
 def tile_vectors(n_vectors: int, cap: int, align: int = 1) -> int:
-    """Channel tile width in vectors: the fewest tiles of at most ``cap`` vectors, split evenly,
-    then rounded up to a multiple of ``align`` vectors (at most ``cap``) so every tile starts on
-    an aligned byte offset within the row."""
-    tiles = max(1, math.ceil(n_vectors / cap))
-    balanced = math.ceil(n_vectors / tiles)
-    return min(cap, -(-balanced // align) * align)
+    """Channel tile width in vectors, at most ``cap``.
+
+    ``align == 1``: the fewest tiles, split evenly. Otherwise the width is a multiple of ``align``
+    (every tile then starts on an aligned byte offset within the row) between half the cap and the
+    row's own rounded width, the one that leaves the fewest idle thread slots (ties: the widest).
+    """
+    if align <= 1:
+        tiles = max(1, math.ceil(n_vectors / cap))
+        return math.ceil(n_vectors / tiles)
+    top = min(cap, -(-n_vectors // align) * align)
+    widths = range(max(align, min(top, cap // 2 // align * align)), top + 1, align)
+    return min(widths, key=lambda t: (math.ceil(n_vectors / t) * t, -t), default=top)

@@ -35,6 +35,7 @@ SHAPES = [
     dict(S=1000, C=24, K=4, mode="single"),
     dict(S=3000, C=40, K=3, mode="cu_seqlens", init=True),
     dict(S=2100, C=16, K=8, mode="seq_idx", init=True),
+    dict(S=700, C=264, K=4, mode="single"),  # several channel tiles, the last one partly idle
 ]
 
 

@@ -136,13 +136,19 @@ def test_tile_vectors_balance():
 
 
 def test_tile_vectors_align():
-    # 66 vectors (C = 264 in 8-byte bf16 vectors): 5 tiles of 14 balanced, 16 when tiles start on 32 bytes
+    # 66 vectors (C = 264 in 8-byte bf16 vectors): 5 balanced tiles of 14, or aligned 12-vector tiles
+    # (6 x 12 = 72 thread slots; 16 would leave 14 of 80 idle)
     assert routes.tile_vectors(66, 16) == 14
-    assert routes.tile_vectors(66, 16, align=4) == 16
-    assert routes.tile_vectors(66, 32, align=4) == 24
-    assert routes.tile_vectors(98, 32, align=4) == 28
-    assert routes.tile_vectors(66, 32, align=64) == 32  # never past the cap
+    assert routes.tile_vectors(66, 16, align=4) == 12
+    assert routes.tile_vectors(66, 32, align=4) == 24  # 3 x 24
+    assert routes.tile_vectors(98, 32, align=4) == 20  # 5 x 20 = 100 slots, not 4 x 28 = 112
     assert routes.tile_vectors(64, 16, align=4) == 16
+    assert routes.tile_vectors(6, 32, align=4) == 8  # one tile, rounded up to the alignment
+    assert routes.tile_vectors(66, 32, align=64) == 32  # never past the cap
+    for n in range(1, 600):
+        for cap, align in ((16, 4), (32, 4), (32, 2), (32, 16)):
+            t = routes.tile_vectors(n, cap, align)
+            assert t <= cap and (t % align == 0 or t == cap)
 
 
 def test_tuner_chooses_bands_and_floors_from_measurements():
