@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -91,6 +91,18 @@ PROGRAMS: dict[str, Program] = {
         ),
     )
 }
+
+# The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries (docs/performance.md v8):
+# a tile that starts mid-sector costs up to 30 %, but the aligned width that wins depends on the
+# program, C and S (occupancy, waves), so the tuner picks among them per band.
+ALIGNED_TILES = {"fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64)}
+PROGRAMS.update(
+    (f"{base}_a{a}", replace(
+        PROGRAMS[base], name=f"{base}_a{a}", tile_align_bytes=a,
+        description=f"{PROGRAMS[base].description}; channel tiles on {a}-byte boundaries",
+    ))
+    for base, aligns in ALIGNED_TILES.items() for a in aligns
+)
 
 VARIANTS = ("fwd", "fwd_bias", "fwd_dt", "bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
 ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")

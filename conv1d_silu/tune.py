@@ -1,7 +1,7 @@
 """Route tuner: ``python -m conv1d_silu.tune``.
 
 On the current GPU, times every program of each variant (forward and backward) over a grid of C
-(64..4096, every 8 from 256 to 512) and S (32768, 65536, 262144, 1048576), bf16, K = 4, cold L2,
+(64..4096, every 8 from 256 to 512) and S (32768 .. 262144, 1048576), bf16, K = 4, cold L2,
 medians of CUDA-event timings, and writes
 
 * the route rows for this arch (``conv1d_silu/routes_<arch>.py``): a non-default program is routed
@@ -29,7 +29,7 @@ from .documents import doc_table
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
-DEFAULT_S = (32768, 65536, 262144, 1048576)
+DEFAULT_S = (32768, 65536, 131072, 196608, 262144, 1048576)  # dense below 262144: token floors fall on these
 BWD_VARIANTS = ("bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
 VARIANTS = ("fwd", "fwd_bias", "fwd_dt") + BWD_VARIANTS
 
