@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -162,7 +163,8 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
     Among the programs within noise of the fastest, the pick prefers, in order: this C's pick at
     the previous S, the previous C's pick at this S, the default, then the fastest, so ties never
     split the table into noise-sized bands and the default is kept where nothing clearly beats it.
-    Each C's picks become token-floored segments (a route may carry several per band); adjacent C
+    Each C's picks become token-floored segments (a route may carry several per band; a floor sits at
+    the geometric midpoint between the S where the pick changes and the S measured before); adjacent C
     with the same segment merge into one band ending at the next measured C. A segment naming the
     default is written only where a lower-floor rule would otherwise catch its tokens.
     """
@@ -193,9 +195,11 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
         for ci, C in enumerate(Cs):
             c_hi = Cs[ci + 1] if ci + 1 < len(Cs) else routes.INF
             segments = []
-            for S in Ss:
+            for si, S in enumerate(Ss):
                 if not segments or segments[-1][0] != picks[(C, S)]:
-                    segments.append((picks[(C, S)], S))
+                    # the switch lies between the last S measured before it and S: floor at the
+                    # geometric midpoint, not at S (250340 tokens would otherwise take 196608's pick)
+                    segments.append((picks[(C, S)], math.isqrt(Ss[si - 1] * S) if si else S))
             if segments[0][0] == default:
                 segments = segments[1:]  # the default needs no rule below every other floor
             for program, floor in segments:

@@ -164,7 +164,7 @@ def test_tuner_chooses_bands_and_floors_from_measurements():
             fast = C in (264, 272) and S >= 65536
             ms.append(m(C, S, 100.0, 80.0 if fast else 101.0))
     rules = choose(ms)["bwd"]
-    assert [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rules] == [("rowgroup_sm", 264, 280, 65536)]
+    assert [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rules] == [("rowgroup_sm", 264, 280, 46340)]  # isqrt(32768 * 65536)
     # noise: a 2 % gain is not a win
     ms2 = [m(256, S, 100.0, 98.0) for S in (32768, 65536)]
     assert choose(ms2)["bwd"] == []
@@ -202,10 +202,11 @@ def test_tuner_adds_a_second_token_floored_program_where_it_beats_the_first():
             t = {"rowgroup": default, "rowgroup_8b": short, "rowgroup_long_8b": long}
             ms.append(Measurement("bwd", C, S, t, {k: 0.01 for k in t}))
     rules = [(r.program, r.c_lo, r.c_hi, r.s_min) for r in choose(ms)["bwd"]]
-    assert rules == [("rowgroup_long_8b", 256, INF, 262144), ("rowgroup_8b", 256, INF, 32768)]
-    for S in (32767, 32768, 262143, 262144):  # and the route table built from them selects so
+    # the floor sits halfway (geometrically) between 65536, where it lost, and 262144, where it won
+    assert rules == [("rowgroup_long_8b", 256, INF, 131072), ("rowgroup_8b", 256, INF, 32768)]
+    for S in (32767, 32768, 131071, 131072):  # and the route table built from them selects so
         rule = next((r for r in choose(ms)["bwd"] if r.matches(260, S, 4, "bfloat16")), None)
-        assert (rule.program if rule else None) == (None if S < 32768 else "rowgroup_8b" if S < 262144 else "rowgroup_long_8b")
+        assert (rule.program if rule else None) == (None if S < 32768 else "rowgroup_8b" if S < 131072 else "rowgroup_long_8b")
 
 
 def test_committed_sm90_routes_pick_the_measured_fastest_within_noise():
