@@ -156,9 +156,20 @@ def merge(dumps: list[dict]) -> tuple[list[Measurement], dict]:
     return list(merged.values()), dumps[0]["meta"]
 
 
-def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes.Rule]]:
+MARGIN = 0.03  # programs this close to the fastest count as tied
+NOISE_CAP = 0.05  # a noisy measurement widens the tie to its spread, but never past this
+
+
+def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:
+    """How much slower than ``fastest`` ``program`` may measure and still count as tied: the
+    margin, widened by either spread (IQR / median) up to NOISE_CAP, so a noisy program cannot
+    hide a large loss (9 replays at a million tokens can spread 10-19 %)."""
+    return 1 + min(NOISE_CAP, max(margin, m.spread[program], m.spread[fastest]))
+
+
+def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[routes.Rule]]:
     """Route rules from measurements: at every measured (C, S) the routed program is the measured
-    fastest, or within ``margin`` (and the measured spreads) of it.
+    fastest, or within ``tolerance`` of it.
 
     Among the programs within noise of the fastest, the pick prefers, in order: this C's pick at
     the previous S, the previous C's pick at this S, the default, then the fastest, so ties never
@@ -182,7 +193,7 @@ def choose(ms: list[Measurement], margin: float = 0.03) -> dict[str, list[routes
                 fastest = min(m.times, key=m.times.get)
                 close = {
                     p for p, t in m.times.items()
-                    if t <= m.times[fastest] * (1 + max(margin, m.spread[p], m.spread[fastest]))
+                    if t <= m.times[fastest] * tolerance(m, p, fastest, margin)
                 }
                 prefer = [
                     picks.get((C, Ss[si - 1])) if si else None,

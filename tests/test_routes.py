@@ -214,13 +214,16 @@ def test_committed_sm90_routes_pick_the_measured_fastest_within_noise():
     import json
     from pathlib import Path
 
+    from conv1d_silu.tune import Measurement, tolerance
+
     raw = json.loads((Path(__file__).parents[1] / "benchmarks/results/h200-tune.json").read_text())
     checked = 0
     for m in raw["measurements"]:
         routed = select("sm_90", m["variant"], m["C"], m["S"], 4, "bfloat16").name
         fastest = min(m["times"], key=m["times"].get)
-        allowed = 1 + max(0.03, m["spread"][routed], m["spread"][fastest])
+        allowed = tolerance(Measurement(**m), routed, fastest)
         assert m["times"][routed] <= m["times"][fastest] * allowed, (m["variant"], m["S"], m["C"], routed, fastest)
+        assert allowed <= 1.05
         checked += 1
     from conv1d_silu.tune import DEFAULT_C, DEFAULT_S, VARIANTS
 
