@@ -95,7 +95,9 @@ PROGRAMS: dict[str, Program] = {
 # The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries (docs/performance.md v8):
 # a tile that starts mid-sector costs up to 30 %, but the aligned width that wins depends on the
 # program, C and S (occupancy, waves), so the tuner picks among them per band.
-ALIGNED_TILES = {"fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64)}
+ALIGNED_TILES = {
+    "fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64),
+}
 PROGRAMS.update(
     (f"{base}_a{a}", replace(
         PROGRAMS[base], name=f"{base}_a{a}", tile_align_bytes=a,

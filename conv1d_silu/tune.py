@@ -19,6 +19,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from .documents import doc_table
 ROOT = Path(__file__).resolve().parent
 DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
 DEFAULT_S = (32768, 65536, 131072, 196608, 262144, 1048576)  # dense below 262144: token floors fall on these
+MARGIN = 0.03  # programs this close to the fastest count as tied
+NOISE_CAP = 0.05  # a noisy measurement widens the tie to its spread, but never past this
 BWD_VARIANTS = ("bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
 VARIANTS = ("fwd", "fwd_bias", "fwd_dt") + BWD_VARIANTS
 
@@ -116,6 +119,21 @@ def precompile(
     return len(todo)
 
 
+def settled(sample: Callable[[], list[float]], rounds: int = 2) -> tuple[float, float]:
+    """Median and spread (IQR / median) of ``sample()``'s timings; while the spread exceeds
+    NOISE_CAP, up to ``rounds`` more samples join the first (a noisy point gets more replays
+    instead of a wide tie in ``choose``)."""
+    t = list(sample())
+    while True:
+        q = statistics.quantiles(t, n=4)
+        med = statistics.median(t)
+        spread = (q[2] - q[0]) / med
+        if spread <= NOISE_CAP or rounds <= 0:
+            return med, spread
+        rounds -= 1
+        t += sample()
+
+
 def measure(
     variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr, programs=None
 ) -> list[Measurement]:
@@ -132,10 +150,8 @@ def measure(
                 x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
                 times, spread = {}, {}
                 for name in _programs(variant, programs):
-                    t = timer(lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype))
-                    q = statistics.quantiles(t, n=4)
-                    times[name] = statistics.median(t)
-                    spread[name] = (q[2] - q[0]) / times[name]
+                    call = lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype)  # noqa: E731
+                    times[name], spread[name] = settled(lambda: timer(call))
                 out.append(Measurement(variant, C, S, times, spread))
     log.write("\n")
     return out
@@ -154,10 +170,6 @@ def merge(dumps: list[dict]) -> tuple[list[Measurement], dict]:
             else:
                 merged[key] = Measurement(m["variant"], m["C"], m["S"], dict(m["times"]), dict(m["spread"]))
     return list(merged.values()), dumps[0]["meta"]
-
-
-MARGIN = 0.03  # programs this close to the fastest count as tied
-NOISE_CAP = 0.05  # a noisy measurement widens the tie to its spread, but never past this
 
 
 def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:

@@ -257,3 +257,24 @@ def test_tuner_times_only_the_programs_asked_for():
     assert every == [n for n, p in PROGRAMS.items() if p.direction == "bwd"]
     assert _programs("bwd_bias", ["rowgroup", "rowgroup_8b", "fwd_rows"]) == ["rowgroup", "rowgroup_8b"]
     assert _programs("fwd", ["rowgroup", "fwd_rows"]) == ["fwd_rows"]
+
+
+def test_tuner_resamples_noisy_points_only():
+    from conv1d_silu.tune import NOISE_CAP, settled
+
+    calls = []
+
+    def sampler(batches):
+        def sample():
+            calls.append(1)
+            return batches[min(len(calls) - 1, len(batches) - 1)]
+        return sample
+
+    tight = [100.0, 100.5, 99.5, 100.2, 99.8]
+    assert settled(sampler([tight])) == (100.0, pytest.approx(0.006, abs=1e-3)) and len(calls) == 1
+    calls.clear()
+    noisy = [100.0, 120.0, 80.0, 130.0, 70.0]
+    med, spread = settled(sampler([noisy, tight, tight]))
+    assert len(calls) == 3 and med == pytest.approx(100.0, abs=0.5) and spread <= NOISE_CAP
+    calls.clear()
+    assert settled(sampler([noisy]), rounds=1)[1] > NOISE_CAP and len(calls) == 2  # gives up after its rounds
