@@ -29,7 +29,17 @@ NO_CHAIN = ("      if (!last_flag) break;", "      if (!last_flag || level >= 0)
 # text: the device's copy of the tree does not always carry the git history to fetch them from.
 FOLD_NEW = '      // Every child of every value this thread folds is loaded before the first add: one L2 round\n      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load\n      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.\n      A ch[FOLD_VALUES][FAN];\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n#pragma unroll\n        for (int j = 0; j < FAN; ++j)\n          ch[r][j] = i < n_vals && c < C && j < children\n                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n      }\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (i >= n_vals || c >= C) continue;\n        A v = ch[r][0];\n#pragma unroll\n        for (int j = 1; j < FAN; ++j) v += ch[r][j];\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
 FOLD_SERIAL = '      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (c >= C) continue;\n        A v = __ldcg(&ws[ws_off + (parent * FAN * NB + k) * C + c]);\n#pragma unroll\n        for (int j = 1; j < FAN; ++j)\n          v += j < children ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
-VARIANTS = {"base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN]}
+# Occupancy: the backward uses 121 registers (ptxas -v, sm_90), so 128-thread CTAs fit 4 per SM and
+# 256-thread ones 2. lb128x5 caps it at 96 registers (108 bytes of spills) for 5 CTAs per SM, lb256x3 at
+# 80 (608 bytes). Each only for programs of at most that many threads (BWD="rowgroup_8b ..." for lb128x5):
+# a bigger CTA fails to launch.
+_ENTRY = "__global__ void __launch_bounds__(256) conv1d_silu_bwd("
+LB128X5 = (_ENTRY, "__global__ void __launch_bounds__(128, 5) conv1d_silu_bwd(")
+LB256X3 = (_ENTRY, "__global__ void __launch_bounds__(256, 3) conv1d_silu_bwd(")
+VARIANTS = {
+    "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN],
+    "lb128x5": [LB128X5], "lb256x3": [LB256X3],
+}
 
 
 def use_variant(name: str) -> None:
@@ -57,7 +67,7 @@ def main(shapes: list[str]) -> None:
     # ALIGNS="0 32 128": also channel tiles that start on multiples of that many bytes (Program.tile_align_bytes)
     aligns = [int(a) for a in os.environ.get("ALIGNS", "0").split()]
     tile_keys = [(tv, al) for tv in tiles for al in aligns]
-    variants = os.environ.get("VARIANTS", " ".join(VARIANTS)).split()
+    variants = os.environ.get("VARIANTS", "base").split()
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
     # ROW_PAD="0 64": also read x and dy as column slices of buffers whose rows are padded to a multiple

@@ -3,6 +3,7 @@ runtime uses; the nvidia-cuda-nvrtc wheel needs no GPU), or with nvcc where NVRT
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -58,14 +59,14 @@ NVRTC, NVRTC_ARCHS = _nvrtc()
 NVCC = shutil.which("nvcc")
 
 
-def _compile_nvrtc(source: str, exprs: list[str], arch: str) -> str:
+def _compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, ...] = ()) -> str:
     from conv1d_silu.runtime import NVRTC_OPTIONS
 
     code = kernels.source(source).encode()
     err, prog = NVRTC.nvrtcCreateProgram(code, f"{source}.cu".encode(), 0, [], [])
     for e in exprs:
         NVRTC.nvrtcAddNameExpression(prog, e.encode())
-    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}")]
+    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}", *extra)]
     (err,) = NVRTC.nvrtcCompileProgram(prog, len(opts), opts)
     _, size = NVRTC.nvrtcGetProgramLogSize(prog)
     log = b" " * size
@@ -106,3 +107,29 @@ def test_kernels_compile(source, arch, tmp_path):
         _compile_nvcc(source, exprs, arch, tmp_path)
     else:
         pytest.skip(f"neither NVRTC with {arch} nor nvcc is available")
+
+
+# The hot sm_90 instances (bf16, K = 4, 8-byte vectors) and the register budget their occupancy
+# was measured with: the backward at <= 128 registers fits four 128-thread CTAs per SM
+# (rowgroup_8b), the forward at <= 64 four 256-thread ones. More registers, or any spill, is a
+# performance regression (docs/performance.md v8).
+HOT = [
+    ("conv1d_silu_bwd", kernels.name_expression("conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, True, SINGLE, False, True,
+                                                "int", spl, pipe_depth(4)), 128)
+    for spl in (1, 8)
+] + [
+    ("conv1d_silu_fwd", kernels.name_expression("conv1d_silu_fwd", bf16, bf16, 4, 4, True, SINGLE, False, False, True,
+                                                "int", rows, pipe_depth(4)), 64)
+    for rows in (16, 32)
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source,expr,max_regs", HOT)
+def test_hot_kernels_fit_their_register_budget_without_spills(source, expr, max_regs):
+    if NVRTC is None or 90 not in NVRTC_ARCHS:
+        pytest.skip("needs NVRTC with sm_90")
+    log = _compile_nvrtc(source, [expr], "sm_90", ("--ptxas-options=-v",))
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
+    assert regs and max(regs) <= max_regs, log
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
