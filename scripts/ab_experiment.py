@@ -36,9 +36,13 @@ FOLD_SERIAL = '      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {\n 
 _ENTRY = "__global__ void __launch_bounds__(256) conv1d_silu_bwd("
 LB128X5 = (_ENTRY, "__global__ void __launch_bounds__(128, 5) conv1d_silu_bwd(")
 LB256X3 = (_ENTRY, "__global__ void __launch_bounds__(256, 3) conv1d_silu_bwd(")
+# A full turn's rows are own rows (j < own_steps), so its dx test needs only ju >= 0: 13 fewer SASS
+# instructions (718 -> 705) and 6 fewer BSSY/BSYNC per full turn of rowgroup_8b (sm_90, local ptxas).
+FULL_DX = ("        if (ju >= 0 && ju < own_steps) {  // dx[u]",
+           "        if (FULL ? ju >= 0 : ju >= 0 && ju < own_steps) {  // dx[u]")
 VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN],
-    "lb128x5": [LB128X5], "lb256x3": [LB256X3],
+    "lb128x5": [LB128X5], "lb256x3": [LB256X3], "full_dx": [FULL_DX], "lb128x5_full_dx": [LB128X5, FULL_DX],
 }
 
 

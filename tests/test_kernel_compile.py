@@ -133,3 +133,18 @@ def test_hot_kernels_fit_their_register_budget_without_spills(source, expr, max_
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     assert regs and max(regs) <= max_regs, log
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def test_ab_experiment_patches_still_apply():
+    """scripts/ab_experiment.py patches the backward's text; every patch must still find its text."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "ab_experiment.py"
+    spec = importlib.util.spec_from_file_location("ab_experiment", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    text = kernels.source("conv1d_silu_bwd")
+    for name, patches in ab.VARIANTS.items():
+        for old, _ in patches:
+            assert old in text, (name, old[:60])
