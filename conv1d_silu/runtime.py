@@ -14,6 +14,7 @@ CuPy is imported lazily, so importing conv1d_silu never initialises CUDA.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
@@ -204,8 +205,6 @@ class _ParamBuffer(threading.local):
     ``cuLaunchKernel`` takes (it copies the values at the call, so the slots are reused)."""
 
     def __init__(self):
-        import ctypes
-
         self.slots = (ctypes.c_int64 * MAX_ARGS)()
         base = ctypes.addressof(self.slots)
         self.pointers = (ctypes.c_void_p * MAX_ARGS)(*(base + 8 * i for i in range(MAX_ARGS)))
