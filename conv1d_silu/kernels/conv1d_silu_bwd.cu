@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
         // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
         const int ju = j - (K - 1);
-        if (ju >= 0 && ju < own_steps) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+        // dx[u] = sum_m w[K-1-m] g[u+m] over u's document (in a full turn u < t is an own row)
+        if (FULL ? ju >= 0 : ju >= 0 && ju < own_steps) {
           // one document and all window rows inside S: no masks needed
           constexpr bool ALL_SAME = FULL && MODE == SINGLE;
           constexpr int first = (P + 1) % K;
