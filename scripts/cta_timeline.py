@@ -130,7 +130,7 @@ def main(shapes: list[str]) -> None:
                 torch.cuda.synchronize()
                 call()
                 torch.cuda.synchronize()
-                rows.append(analyse(tr.clone(), n_sm))
+                rows.append(analyse(tr.cpu(), n_sm))
             best = min(rows, key=lambda r: r["span_us"])
             print(json.dumps({"S": S, "C": C, "prog": prog, **best}), flush=True)
 
