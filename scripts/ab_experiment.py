@@ -25,6 +25,10 @@ from conv1d_silu.tune import _setup  # noqa: E402
 _source = kernels.source.__wrapped__
 
 NO_CHAIN = ("      if (!last_flag) break;", "      if (!last_flag || level >= 0) break;  // timing only: nobody folds")
+# Timing only: every CTA writes its node and stops, no ticket and no fold above the CTA (what a
+# separate fold launch would leave in the main kernel).
+NO_TICKET = ("    for (int level = CTA_LEVEL; level < root_level; ++level) {",
+             "    for (int level = CTA_LEVEL; level < root_level && level < 0; ++level) {")
 # The fold of 977b8d6 and the serial one it replaced (prediction 3 of docs/performance.md v6), as
 # text: the device's copy of the tree does not always carry the git history to fetch them from.
 FOLD_NEW = '      // Every child of every value this thread folds is loaded before the first add: one L2 round\n      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load\n      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.\n      A ch[FOLD_VALUES][FAN];\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n#pragma unroll\n        for (int j = 0; j < FAN; ++j)\n          ch[r][j] = i < n_vals && c < C && j < children\n                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n      }\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (i >= n_vals || c >= C) continue;\n        A v = ch[r][0];\n#pragma unroll\n        for (int j = 1; j < FAN; ++j) v += ch[r][j];\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
@@ -46,7 +50,7 @@ NO_MATH_BWD = [
 NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] = xv[e];")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
-    "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN],
+    "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
     "lb128x5": [LB128X5], "lb256x3": [LB256X3],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
 }
