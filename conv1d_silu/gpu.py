@@ -126,8 +126,6 @@ class Plan:
     root: int = 0
     ws_elems: int = 0
     n_tickets: int = 0
-    base_level: int = 0  # backward: the lowest tree level in the workspace
-    n_long_max: int = 0  # backward: units if every one were a level-2 node (0: level-1 units only)
 
 
 def program_tile(program: Program, C: int, vec: int, itemsize: int) -> int:
@@ -247,12 +245,12 @@ def backward_plan(
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
     tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
-    spl = 0 if program.short_tail else program.slabs_per_lane  # 0: the kernel's mixed mode
-    base_level = 1 if spl <= 1 else 2  # the lowest tree level a CTA writes
+    spl = program.slabs_per_lane
+    cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
-    ws_elems = sum(nodes[level] for level in range(base_level, root)) * nb * C
-    n_tickets = sum(nodes[level] for level in range(base_level + 1, root + 1)) * n_ctiles
+    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -262,17 +260,8 @@ def backward_plan(
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
-    n_units = nodes[base_level] * n_ctiles
-    return Plan(
-        kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, base_level,
-        nodes[2] * n_ctiles if spl != 1 else 0,
-    )
-
-
-def long_units(plan: Plan, slots: int) -> int:
-    """How many units of a mixed launch are long (level-2 nodes): as many whole waves of ``slots``
-    resident CTAs as there are, whole channel-tile rows of them; the rest runs as level-1 units."""
-    return plan.n_long_max // slots * slots // plan.n_ctiles * plan.n_ctiles
+    n_units = nodes[cta_level] * n_ctiles
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 
 
 def backward(
@@ -328,23 +317,18 @@ def backward(
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     workspace = stream_scratch("workspace", plan.ws_elems, acc_dtype, x.device) if plan.ws_elems else None
     tickets = stream_scratch("tickets", plan.n_tickets, torch.int32, x.device) if plan.n_tickets else None
-    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
-    table = _table(doc)
-
-    def args(n_units: int, n_long: int) -> tuple:
-        return (
-            x, x_stride, dy, dy_stride, weight, bias, table, doc.row_len, n_docs, init, dx, dinit, dw, db,
-            int(accumulate), workspace, tickets, S, C, plan.tile_v, plan.n_ctiles, n_units, plan.root, next_x,
-            next_dy, 0 if next_x is None else next_x.shape[0], n_long, plan.base_level,
-        )
-
     launch = Launch(
         source="conv1d_silu_bwd",
         kernel=plan.kernel,
         grid=(plan.n_units, 1, 1),
         block=plan.block,
         smem=plan.smem,
-        args=args(plan.n_units, plan.n_long_max),
+        args=(
+            x, x_stride, dy, dy_stride, weight.contiguous(), None if bias is None else bias.contiguous(),
+            _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
+            S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
+            0 if next_x is None else next_x.shape[0],
+        ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
         index_64=plan.index_64,
@@ -353,11 +337,6 @@ def backward(
     if program.persistent:
         per_sm = launcher.max_active_blocks(launch, x.device)
         launch.grid = (min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
-    elif program.short_tail:
-        n_long = long_units(plan, launcher.max_active_blocks(launch, x.device) * launcher.sm_count(x.device))
-        # the level-1 nodes after the long units' level-2 nodes
-        n_units = n_long + max(0, plan.n_units - n_long * FAN)
-        launch.args, launch.grid = args(n_units, n_long), (n_units, 1, 1)
     launcher(launch, x.device)
     return dx, dw, db, dinit
 

@@ -36,7 +36,6 @@ class Program:
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
-    short_tail: bool = False  # backward: whole waves of 8-slab lanes, then the rest as 1-slab lanes
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -76,15 +75,6 @@ PROGRAMS: dict[str, Program] = {
             "row groups of 64 slabs (8 per thread), 8-byte accesses: short halos and more warps per SM",
             slabs_per_lane=8,
             vec_bytes=8,
-        ),
-        Program(
-            "rowgroup_mix_8b",
-            "bwd",
-            "8-byte accesses; whole waves of 64-slab row groups (8 per thread), then the rest as 8-slab "
-            "groups, so no partial wave of long groups idles the machine",
-            slabs_per_lane=8,
-            vec_bytes=8,
-            short_tail=True,
         ),
         Program(
             "rowgroup_sm",

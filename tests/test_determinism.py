@@ -73,7 +73,7 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
         cases[S, C]["dy"] = torch.randn_like(cases[S, C]["x"])
     for rep in range(2):
         for (S, C), case in cases.items():
-            for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm", "rowgroup_mix_8b"):
+            for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm"):
                 got = _grads(case, program)[0]
                 if rep == 0:
                     first[S, C, program] = got
@@ -81,21 +81,3 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
                     assert all(torch.equal(a, b) for a, b in zip(got, first[S, C, program])), (S, C, program)
                 bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
                 assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)
-
-
-@pytest.mark.parametrize("split", [0.0, 0.5, 1.0])
-def test_mixed_waves_give_the_same_bits(kernel_backend, monkeypatch, split):
-    """rowgroup_mix_8b runs its first units as level-2 nodes and the rest as level-1 nodes; any
-    split (here forced: none, half, all long) gives the canonical bits, documents and initial
-    states crossing the boundary included."""
-    from conv1d_silu import gpu
-
-    def forced(plan, slots):
-        return int(plan.n_long_max // plan.n_ctiles * split) * plan.n_ctiles
-
-    case = make_case(S=9000, C=40, K=4, mode="cu_seqlens", init=True, dtype=torch.bfloat16, device=kernel_backend.device)
-    case["dy"] = torch.randn_like(case["x"])
-    base = _grads(case, program="rowgroup")[0]
-    monkeypatch.setattr(gpu, "long_units", forced)
-    for a, b in zip(base, _grads(case, program="rowgroup_mix_8b")[0]):
-        assert torch.equal(a, b), split

@@ -172,14 +172,3 @@ def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkey
     for _ in range(3):
         runtime._prepare_smem(fn, 139264, 0)
     assert fn.max_dynamic_shared_size_bytes == 139264 and fn.sets == 1
-
-
-def test_mixed_launch_runs_whole_waves_of_long_units():
-    from conv1d_silu.gpu import Plan, long_units
-
-    plan = Plan("k", 256, 0, 32, 3, 1024 * 3, False, 0, 5, 0, 0, 1, 128 * 3)  # 262144 tokens, 3 tiles
-    assert long_units(plan, 264) == 264  # one whole wave; 40 level-2 nodes x 3 tiles run short
-    assert long_units(plan, 132) == 264  # two waves of 132
-    assert long_units(plan, 500) == 0  # less than a wave: every unit short
-    assert long_units(plan, 128) == 384  # exactly three waves: every unit long
-    assert long_units(plan, 100) == 300  # multiples of the tile count only

@@ -10,10 +10,7 @@
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
 // Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level cta_level
-// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. With
-// SPL = 0 (mixed) the first n_long units are level-2 nodes and the rest level-1 nodes: the launch
-// runs whole waves of long units and ends in short ones, so no partial wave of long units leaves
-// SMs idle. Workspace levels start at base_level (1 when any unit is a level-1 node). The
+// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
 // CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
 // ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
 // up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
@@ -32,16 +29,17 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
     void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, long long C_,
     long long tile_v_, long long n_ctiles_, long long n_units, long long root_level_,
-    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_, long long n_long,
-    long long base_level_) {
+    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_) {
   using namespace c1s;
   // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
   const int n_docs = (int)n_docs_, accumulate = (int)accumulate_, C = (int)C_, tile_v = (int)tile_v_;
   const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
-  const int base_level = (int)base_level_;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
-  static_assert(SPL == 0 || SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node (0: mixed)");
+  constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
+  static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
+  constexpr long long LANE_ROWS = (long long)SPL * SLAB;
+  constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
   constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
@@ -56,12 +54,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   const int tile_c = tile_v * VEC;
   const long long n_slabs = (S + SLAB - 1) / SLAB;
 
-  // One work unit: tree node `node` at level 1 (a lane walks one slab) or 2 (a lane walks FAN
-  // slabs), channel tile ct.
-  auto run_unit = [&](auto lane_slabs, const long long node, const int ct) {
-    constexpr int SPL_ = decltype(lane_slabs)::value;
-    constexpr int CTA_LEVEL = SPL_ == 1 ? 1 : 2;
-    constexpr long long LANE_ROWS = (long long)SPL_ * SLAB;
+  for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
+    const int ct = (int)(unit % n_ctiles);
+    const long long node = unit / n_ctiles;
     const int c0 = (ct * tile_v + vl) * VEC;
     const long long r0 = (node * LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
@@ -228,7 +223,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
             }
           }
         }
-        if (SPL_ > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
+        if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
           // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
           // past S fold their +0 like any other)
 #pragma unroll
@@ -259,7 +254,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
     // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
     // slot, all 8 slabs folded); a lane without rows contributes +0.
-    if (c0 < C && (SPL_ == 1 || r0 >= S)) {
+    if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
       for (int k = 0; k < NB; ++k)
 #pragma unroll
@@ -270,14 +265,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     // Fold the LANES lane values into this CTA's node, then climb the tree by tickets.
     const int c_base = ct * tile_c;
     const int n_vals = NB * tile_c;
-    long long n_level = n_slabs;  // nodes at the current level
-    long long ws_off = 0;         // workspace offset of the current level
-    long long tk_off = 0;         // ticket offset of the parent level
-    for (int l = 1; l <= CTA_LEVEL; ++l) {  // levels base_level.. are stored, base_level+1.. ticketed
-      n_level = (n_level + FAN - 1) / FAN;
-      if (l >= base_level && l < CTA_LEVEL) ws_off += n_level * NB * C;
-      if (l > base_level) tk_off += n_level * n_ctiles;
-    }
+    long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
+    long long ws_off = 0;    // workspace offset of the current level
+    long long tk_off = 0;    // ticket offset of the parent level
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
       const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
       if (c >= C) continue;
@@ -336,17 +326,5 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       idx = parent;
     }
     __syncthreads();  // the slots and last_flag are reused by the next unit
-  };
-
-  for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
-    const int ct = (int)(unit % n_ctiles);
-    if constexpr (SPL == 0) {
-      if (unit < n_long)
-        run_unit(Int<FAN>{}, unit / n_ctiles, ct);
-      else  // after the long units' level-2 nodes: their FAN level-1 nodes each
-        run_unit(Int<1>{}, n_long / n_ctiles * FAN + (unit - n_long) / n_ctiles, ct);
-    } else {
-      run_unit(Int<SPL>{}, unit / n_ctiles, ct);
-    }
   }
 }
