@@ -77,6 +77,15 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
         ),
         Program(
+            "rowgroup_long16_8b",
+            "bwd",
+            "row groups of 64 slabs (8 per thread), 8-byte accesses, channel tiles of 16 vectors (128 threads): "
+            "a partial wave spreads over every SM (docs/performance.md v9)",
+            max_tile_vectors=16,
+            slabs_per_lane=8,
+            vec_bytes=8,
+        ),
+        Program(
             "rowgroup_sm",
             "bwd",
             "SM-wide: persistent 1-D grid (CTAs per SM), 256 threads, each CTA walking groups of 8 slabs",
