@@ -329,6 +329,8 @@ def main(argv=None) -> None:
     if args.from_json:
         ms, meta = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
+        # --programs of one direction: the other direction's variants have nothing to time
+        args.variants = [v for v in args.variants if _programs(v, args.programs)]
         if args.jobs:
             precompile(args.variants, args.C, args.S, jobs=args.jobs, programs=args.programs)
         ms = measure(args.variants, args.C, args.S, args.reps, programs=args.programs)

@@ -278,3 +278,23 @@ def test_tuner_resamples_noisy_points_only():
     assert len(calls) == 3 and med == pytest.approx(100.0, abs=0.5) and spread <= NOISE_CAP
     calls.clear()
     assert settled(sampler([noisy]), rounds=1)[1] > NOISE_CAP and len(calls) == 2  # gives up after its rounds
+
+
+def test_tuner_with_backward_programs_only_times_backward_variants(monkeypatch):
+    """--programs of one direction: the other direction's variants are not measured (they have no
+    program to time, and an empty point has no fastest)."""
+    from conv1d_silu import bench, tune
+
+    seen = []
+
+    def fake_measure(variants, Cs, Ss, reps, programs=None):
+        seen.extend(variants)
+        return [tune.Measurement(v, C, S, {p: 1.0 for p in tune._programs(v, programs)},
+                                 {p: 0.0 for p in tune._programs(v, programs)})
+                for v in variants for C in Cs for S in Ss]
+
+    monkeypatch.setattr(tune, "measure", fake_measure)
+    monkeypatch.setattr(bench, "meta", lambda *a: {"arch": "sm_90"})
+    monkeypatch.setattr(tune.ops, "_arch", lambda device: "sm_90")
+    tune.main(["--programs", "rowgroup_long16_8b", "--jobs", "0", "--no-write", "--C", "384", "--S", "131072"])
+    assert seen and all(v.startswith("bwd") for v in seen)
