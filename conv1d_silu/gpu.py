@@ -111,6 +111,13 @@ def tree_shape(S: int) -> tuple[int, list[int]]:
     return root, [math.ceil(n_slabs / FAN**level) for level in range(root + 1)]
 
 
+def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` in contiguous memory (None stays None). Checks first: ``is_contiguous`` is a plain
+    attribute read, where ``contiguous()`` goes through the dispatcher even when it returns ``t``
+    (a few µs per call on a slow host; docs/performance.md, host overhead)."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
 @dataclass(frozen=True)
 class Plan:
     """The launch geometry of one call, a pure function of shapes, dtypes, flags and program."""
@@ -180,7 +187,7 @@ def forward(
         )
     if S == 0:
         return y, final
-    init = initial_states.contiguous() if initial_states is not None else None
+    init = dense(initial_states)
     n_docs = doc.num_docs or 0
     plan = forward_plan(
         x.dtype, weight.dtype, K, C, S, row_stride, alignment(x, init, final), bias is not None, doc.mode,
@@ -193,7 +200,7 @@ def forward(
         block=plan.block,
         smem=plan.smem,
         args=(
-            x, row_stride, weight.contiguous(), None if bias is None else bias.contiguous(), _table(doc),
+            x, row_stride, dense(weight), dense(bias), _table(doc),
             doc.row_len, n_docs, init, y, final, S, C, plan.tile_v, plan.n_ctiles, plan.n_units,
         ),
         outputs=(y,) if final is None else (y, final),
@@ -305,10 +312,10 @@ def backward(
             if db is not None:
                 db.zero_()
         return dx, dw, db, dinit
-    init = initial_states.contiguous() if initial_states is not None else None
+    init = dense(initial_states)
     next_x = next_dy = None
     if trailing is not None and trailing[0].shape[0] > 0:
-        next_x, next_dy = (t.contiguous() for t in trailing)
+        next_x, next_dy = (dense(t) for t in trailing)
     n_docs = doc.num_docs or 0
     plan = backward_plan(
         x.dtype, weight.dtype, dw.dtype, K, C, S, x_stride, dy_stride, alignment(x, dy, init, next_x, next_dy),
@@ -324,7 +331,7 @@ def backward(
         block=plan.block,
         smem=plan.smem,
         args=(
-            x, x_stride, dy, dy_stride, weight.contiguous(), None if bias is None else bias.contiguous(),
+            x, x_stride, dy, dy_stride, dense(weight), dense(bias),
             _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
             S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
             0 if next_x is None else next_x.shape[0],

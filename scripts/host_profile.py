@@ -1,5 +1,9 @@
 """Where the host time of one eager forward + backward goes (cProfile), at a tiny size where the
-GPU is idle; prints the per-call CPU time next to PyTorch's (x * 2).sum().backward()."""
+GPU is idle; prints the per-call CPU time next to PyTorch's (x * 2).sum().backward().
+
+Without a GPU (or with --noop) the kernels' launches go to a launcher that does nothing, on CPU
+tensors routed as on sm_90: the whole host path but the driver call, on any machine.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conv1d_silu import gpu, ops  # noqa: E402
 from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 
 
+class NoLaunch(gpu.Launcher):
+    """Plans and packs nothing further: the call returns where the driver would be entered."""
+
+    def sm_count(self, device) -> int:
+        return 132
+
+    def max_active_blocks(self, launch, device) -> int:
+        return 2
+
+    def __call__(self, launch, device) -> None:
+        pass
+
+
 def main() -> None:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if "--noop" in sys.argv or not torch.cuda.is_available():
+        with ops.use_launcher(NoLaunch(), emulate_arch="sm_90"):
+            profile(torch.device("cpu"))
+    else:
+        profile(torch.device("cuda"))
+
+
+def profile(device: torch.device) -> None:
     times = host_overhead_us(device)
     print(f"theirs: {times['torch_x2_sum_backward']:.1f} us CPU per call")
     print(f"ours: {times['conv1d_silu_fwd_bwd']:.1f} us CPU per call (ratio {times['ratio']:.2f})")
