@@ -148,3 +148,16 @@ def test_ab_experiment_patches_still_apply():
         for patch in patches:
             target, old, _ = patch if len(patch) == 3 else ("conv1d_silu_bwd", *patch)
             assert old in kernels.source(target), (name, old[:60])
+
+
+def test_cta_timeline_patches_still_apply():
+    """scripts/cta_timeline.py stamps the kernels' text; every stamp must still find its place."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "cta_timeline.py"
+    spec = importlib.util.spec_from_file_location("cta_timeline", path)
+    tl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tl)
+    for src in tl.PATCHES:
+        assert "c1s_trace[4 * unit + 2]" in tl.patched(src)
