@@ -135,15 +135,20 @@ def test_hot_kernels_fit_their_register_budget_without_spills(source, expr, max_
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
-def test_ab_experiment_patches_still_apply():
-    """scripts/ab_experiment.py patches the kernels' text; every patch must still find its text."""
+def _script(name: str):
+    """scripts/<name>.py as a module (the probes are scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "scripts" / "ab_experiment.py"
-    spec = importlib.util.spec_from_file_location("ab_experiment", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ab_experiment_patches_still_apply():
+    """scripts/ab_experiment.py patches the kernels' text; every patch must still find its text."""
+    ab = _script("ab_experiment")
     for name, patches in ab.VARIANTS.items():
         for patch in patches:
             target, old, _ = patch if len(patch) == 3 else ("conv1d_silu_bwd", *patch)
@@ -152,12 +157,6 @@ def test_ab_experiment_patches_still_apply():
 
 def test_cta_timeline_patches_still_apply():
     """scripts/cta_timeline.py stamps the kernels' text; every stamp must still find its place."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "scripts" / "cta_timeline.py"
-    spec = importlib.util.spec_from_file_location("cta_timeline", path)
-    tl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tl)
+    tl = _script("cta_timeline")
     for src in tl.PATCHES:
         assert "c1s_trace[4 * unit + 2]" in tl.patched(src)
