@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import kernels, ops, routes, runtime  # noqa: E402
+from conv1d_silu import gpu, kernels, ops, routes, runtime  # noqa: E402
 from conv1d_silu.bench import Timer  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
@@ -29,6 +29,9 @@ NO_CHAIN = ("      if (!last_flag) break;", "      if (!last_flag || level >= 0)
 # separate fold launch would leave in the main kernel).
 NO_TICKET = ("    for (int level = CTA_LEVEL; level < root_level; ++level) {",
              "    for (int level = CTA_LEVEL; level < root_level && level < 0; ++level) {")
+# Timing only: the climb stops at level 2, so nothing above it is folded (the most a one-CTA fold of
+# every level above 2 could save).
+NO_TOP = (NO_TICKET[0], "    for (int level = CTA_LEVEL; level < root_level && level < 2; ++level) {")
 # The fold of 977b8d6 and the serial one it replaced (prediction 3 of docs/performance.md v6), as
 # text: the device's copy of the tree does not always carry the git history to fetch them from.
 FOLD_NEW = '      // Every child of every value this thread folds is loaded before the first add: one L2 round\n      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load\n      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.\n      A ch[FOLD_VALUES][FAN];\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n#pragma unroll\n        for (int j = 0; j < FAN; ++j)\n          ch[r][j] = i < n_vals && c < C && j < children\n                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n      }\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (i >= n_vals || c >= C) continue;\n        A v = ch[r][0];\n#pragma unroll\n        for (int j = 1; j < FAN; ++j) v += ch[r][j];\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
@@ -53,7 +56,22 @@ VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
     "lb128x5": [LB128X5], "lb256x3": [LB256X3],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
+    "no_top": [NO_TOP], "kept_tickets": [],
 }
+_stream_scratch = gpu.stream_scratch
+_kept: dict[tuple, torch.Tensor] = {}
+
+
+def _kept_tickets(what: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Timing only: tickets zeroed once outside any capture, so a captured backward has no memset
+    node (what a graph-owned, pre-zeroed ticket buffer would give; the kernel leaves them at zero)."""
+    if what != "tickets":
+        return _stream_scratch(what, n, dtype, device)
+    key = (n, dtype, device)
+    if key not in _kept:  # the first (eager) call of a shape, before its capture
+        assert not torch.cuda.is_current_stream_capturing()
+        _kept[key] = torch.zeros(n, dtype=dtype, device=device)
+    return _kept[key]
 
 
 def use_variant(name: str) -> None:
@@ -67,6 +85,7 @@ def use_variant(name: str) -> None:
         return text
 
     kernels.source = patched
+    gpu.stream_scratch = _kept_tickets if name == "kept_tickets" else _stream_scratch
     runtime._functions.clear()
     runtime._smem_raised.clear()
 
