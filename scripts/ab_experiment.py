@@ -56,22 +56,15 @@ VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
     "lb128x5": [LB128X5], "lb256x3": [LB256X3],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
-    "no_top": [NO_TOP], "kept_tickets": [],
+    "no_top": [NO_TOP], "memset_tickets": [],
 }
-_stream_scratch = gpu.stream_scratch
-_kept: dict[tuple, torch.Tensor] = {}
+_take = gpu._TicketReserve.take
 
 
-def _kept_tickets(what: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Timing only: tickets zeroed once outside any capture, so a captured backward has no memset
-    node (what a graph-owned, pre-zeroed ticket buffer would give; the kernel leaves them at zero)."""
-    if what != "tickets":
-        return _stream_scratch(what, n, dtype, device)
-    key = (n, dtype, device)
-    if key not in _kept:  # the first (eager) call of a shape, before its capture
-        assert not torch.cuda.is_current_stream_capturing()
-        _kept[key] = torch.zeros(n, dtype=dtype, device=device)
-    return _kept[key]
+def _no_reserve(self, n: int) -> None:
+    """memset_tickets: a captured backward zeroes tickets of its own (a memset node per replay), as
+    before the reserve of gpu._TicketReserve."""
+    return None
 
 
 def use_variant(name: str) -> None:
@@ -85,7 +78,7 @@ def use_variant(name: str) -> None:
         return text
 
     kernels.source = patched
-    gpu.stream_scratch = _kept_tickets if name == "kept_tickets" else _stream_scratch
+    gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     runtime._functions.clear()
     runtime._smem_raised.clear()
 

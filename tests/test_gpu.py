@@ -95,6 +95,44 @@ def test_cuda_graph_replays_full_step_with_same_bits():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_long_8b", "rowgroup_sm"])
+def test_captured_backward_takes_tickets_zeroed_ahead(program):
+    """A captured backward takes its tickets from the reserve zeroed outside the capture (no memset
+    node in the graph); every replay gives the eager bits and leaves the tickets at zero. With the
+    reserve used up, the capture falls back to zeros of its own, with the same bits."""
+    from conv1d_silu import gpu, ops
+
+    torch.manual_seed(4)
+    x = torch.randn(70000, 72, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(72, 4, device="cuda"), torch.randn(72, device="cuda")
+    dy = torch.randn_like(x)
+    doc = doc_table(x, None, None, None)
+
+    def call():
+        return ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, program)
+
+    eager = call()  # also tops the reserve up, outside any capture
+    reserve = gpu._reserves[torch.cuda.current_device()]
+    for exhausted in (False, True):
+        buf, used = reserve.buf, reserve.used
+        if exhausted:
+            reserve.used = buf.numel()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = call()
+        if exhausted:
+            assert reserve.used == buf.numel()
+        else:
+            assert reserve.used > used, "the capture did not take its tickets from the reserve"
+        for _ in range(3):
+            g.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, c) for a, c in zip(out[:3], eager[:3]))
+            assert int(buf.count_nonzero()) == 0
+        if exhausted:
+            reserve.used = used
+
+
 def test_compile_fullgraph_on_cuda_matches_eager_bitwise():
     torch.manual_seed(2)
     model = CausalConv1dSiLU(128, 4).cuda()
