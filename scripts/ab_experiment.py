@@ -57,7 +57,12 @@ VARIANTS = {
     "lb128x5": [LB128X5], "lb256x3": [LB256X3],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
     "no_top": [NO_TOP], "memset_tickets": [],
+    # The backward is near issue-bound and short of warps at once (docs/performance.md v10): a deeper
+    # row pipeline alone, and with the arithmetic gone, show what is left when both limits give way.
+    "deep": [], "no_math_deep": NO_MATH_BWD + NO_MATH_FWD,
 }
+DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
+_prefetch_rows = gpu.PREFETCH_ROWS
 _take = gpu._TicketReserve.take
 
 
@@ -79,6 +84,9 @@ def use_variant(name: str) -> None:
 
     kernels.source = patched
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
+    gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else _prefetch_rows
+    gpu.backward_plan.cache_clear()
+    gpu.forward_plan.cache_clear()
     runtime._functions.clear()
     runtime._smem_raised.clear()
 

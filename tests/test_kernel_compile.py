@@ -155,6 +155,30 @@ def test_ab_experiment_patches_still_apply():
             assert old in kernels.source(target), (name, old[:60])
 
 
+def test_ab_experiment_host_variants(monkeypatch):
+    """The host-side variants change what they claim (and only while selected): the deeper row
+    pipeline of *deep, and no ticket reserve under memset_tickets."""
+    from conv1d_silu import gpu, runtime
+
+    ab = _script("ab_experiment")
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS")):
+        monkeypatch.setattr(obj, attr, getattr(obj, attr))  # restored after the test
+    monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime, "_smem_raised", {})
+    base_depth = pipe_depth(4)
+    reserve = gpu._TicketReserve()
+    reserve.buf = torch.zeros(8, dtype=torch.int32)  # room for a capture's tickets
+    ab.use_variant("no_math_deep")
+    assert pipe_depth(4) == 1 + ab.DEEP_ROWS // 4 > base_depth
+    assert "g[e] = dv[e] + xv[e];" in kernels.source("conv1d_silu_bwd")
+    ab.use_variant("memset_tickets")
+    assert pipe_depth(4) == base_depth and reserve.take(1) is None
+    ab.use_variant("base")
+    assert pipe_depth(4) == base_depth and reserve.take(1) is not None
+    gpu.backward_plan.cache_clear()
+    gpu.forward_plan.cache_clear()
+
+
 def test_cta_timeline_patches_still_apply():
     """scripts/cta_timeline.py stamps the kernels' text; every stamp must still find its place."""
     tl = _script("cta_timeline")
