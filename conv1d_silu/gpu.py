@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -230,9 +231,12 @@ class _TicketReserve:
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
         self.used = 0
+        self.lock = threading.Lock()  # two threads capturing at once must not share a slice
 
     def top_up(self, n: int, device: torch.device) -> None:
-        if self.buf is None or self.buf.numel() - self.used < n:
+        with self.lock:
+            if self.buf is not None and self.buf.numel() - self.used >= n:
+                return
             # the old buffer stays alive in the graphs that hold slices of it
             self.buf = torch.zeros(max(GRAPH_TICKETS, n), dtype=torch.int32, device=device)
             self.used = 0
@@ -240,10 +244,11 @@ class _TicketReserve:
             torch.cuda.current_stream(device).synchronize()
 
     def take(self, n: int) -> torch.Tensor | None:
-        if self.buf is None or self.buf.numel() - self.used < n:
-            return None
-        self.used += n
-        return self.buf[self.used - n : self.used]
+        with self.lock:
+            if self.buf is None or self.buf.numel() - self.used < n:
+                return None
+            start, self.used = self.used, self.used + n
+            return self.buf[start : start + n]
 
 
 _reserves: dict[int, _TicketReserve] = {}  # device index -> tickets for captured launches

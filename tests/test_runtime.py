@@ -172,3 +172,23 @@ def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkey
     for _ in range(3):
         runtime._prepare_smem(fn, 139264, 0)
     assert fn.max_dynamic_shared_size_bytes == 139264 and fn.sets == 1
+
+
+def test_ticket_reserve_hands_out_disjoint_slices():
+    """Captured launches each keep tickets of their own, also when threads capture at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reserve = gpu._TicketReserve()
+    assert reserve.take(1) is None  # nothing zeroed ahead: the capture zeroes its own
+    reserve.buf = torch.zeros(4000, dtype=torch.int32)
+
+    def grab(k):
+        return [reserve.take(k) for _ in range(50)]
+
+    with ThreadPoolExecutor(8) as pool:
+        slices = [t for got in pool.map(grab, [1, 2, 3, 4, 1, 2, 3, 4]) for t in got]
+    assert all(t is not None for t in slices)
+    spans = sorted((t.storage_offset(), t.numel()) for t in slices)
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
+    assert reserve.used == sum(n for _, n in spans) == 1000
+    assert reserve.take(3001) is None  # no room left: the capture falls back to zeros of its own
