@@ -223,25 +223,29 @@ class _TicketReserve:
 
     A captured backward that allocated its tickets with ``torch.zeros`` would replay a memset node
     before its kernel every time (1-2 µs on the H200). A slice of this reserve is zero when the
-    graph is captured, belongs to that one launch for good (it is never handed out again, so no
-    other work writes it), and the kernel leaves its tickets at zero, so every replay finds them
-    zero; replays of one graph are serialised by CUDA. Eager calls top the reserve up.
+    graph is captured, belongs to that one launch for good (never handed out again and never
+    freed, so no other work writes it), and the kernel leaves its tickets at zero, so every replay
+    finds them zero; replays of one graph are serialised by CUDA. Eager calls top the reserve up.
     """
 
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
         self.used = 0
+        # Graphs keep only raw pointers into these buffers, so a used-up buffer is never freed:
+        # the allocator would hand its memory to other tensors while the graphs still replay.
+        self.retired: list[torch.Tensor] = []
         self.lock = threading.Lock()  # two threads capturing at once must not share a slice
 
     def top_up(self, n: int, device: torch.device) -> None:
         with self.lock:
             if self.buf is not None and self.buf.numel() - self.used >= n:
                 return
-            # the old buffer stays alive in the graphs that hold slices of it
+            if self.buf is not None:
+                self.retired.append(self.buf)
             self.buf = torch.zeros(max(GRAPH_TICKETS, n), dtype=torch.int32, device=device)
             self.used = 0
-            # a capture may follow at once on another stream: the zeros must be there first
-            torch.cuda.current_stream(device).synchronize()
+            if self.buf.is_cuda:  # a capture may follow at once on another stream: zeros first
+                torch.cuda.current_stream(device).synchronize()
 
     def take(self, n: int) -> torch.Tensor | None:
         with self.lock:

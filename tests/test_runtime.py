@@ -192,3 +192,16 @@ def test_ticket_reserve_hands_out_disjoint_slices():
     assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))
     assert reserve.used == sum(n for _, n in spans) == 1000
     assert reserve.take(3001) is None  # no room left: the capture falls back to zeros of its own
+
+
+def test_ticket_reserve_keeps_used_up_buffers(monkeypatch):
+    """A graph holds only raw pointers into the reserve: topping up must keep the used-up buffer
+    alive (were it freed, its memory would go to other tensors while graphs still replay)."""
+    monkeypatch.setattr(gpu, "GRAPH_TICKETS", 64)
+    reserve = gpu._TicketReserve()
+    reserve.top_up(10, torch.device("cpu"))
+    first = reserve.buf
+    assert reserve.take(60) is not None
+    reserve.top_up(10, torch.device("cpu"))  # 4 left: a new buffer
+    assert reserve.buf is not first and any(t is first for t in reserve.retired)
+    assert int(reserve.buf.count_nonzero()) == 0 and reserve.take(10) is not None
