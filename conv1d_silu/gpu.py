@@ -272,7 +272,7 @@ def stream_scratch(what: str, n: int, dtype: torch.dtype, device: torch.device) 
     fresh = torch.zeros if what == "tickets" else torch.empty
     if device.type == "cuda":
         index = _index(device)
-        reserve = _reserves.setdefault(index, _TicketReserve())
+        reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
         if torch.cuda.is_current_stream_capturing():
             kept = reserve.take(n) if what == "tickets" else None
             return kept if kept is not None else fresh(n, dtype=dtype, device=device)
