@@ -65,6 +65,12 @@ class Row:
     pct_copy_bw: float | None = None
     same_run_ratio: float | None = None  # ours / (copy or add) of the same shape
     deterministic: bool | None = None
+    min_us: float | None = None  # the spread of the reps, kept in --json (the reps themselves are not)
+    max_us: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.times_us:
+            self.min_us, self.max_us = min(self.times_us), max(self.times_us)
 
 
 class Timer:
