@@ -65,12 +65,6 @@ class Row:
     pct_copy_bw: float | None = None
     same_run_ratio: float | None = None  # ours / (copy or add) of the same shape
     deterministic: bool | None = None
-    min_us: float | None = None  # the spread of the reps, kept in --json (the reps themselves are not)
-    max_us: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.times_us:
-            self.min_us, self.max_us = min(self.times_us), max(self.times_us)
 
 
 class Timer:
@@ -332,7 +326,9 @@ def run(args) -> dict:
     return {
         "meta": meta(device, args, bw),
         "host_overhead_us": host_overhead_us(device) if not args.no_host else None,
-        "rows": [{k: v for k, v in asdict(r).items() if k != "times_us"} for r in rows],
+        # the reps' spread instead of the reps themselves
+        "rows": [{**{k: v for k, v in asdict(r).items() if k != "times_us"},
+                  "min_us": min(r.times_us), "max_us": max(r.times_us)} for r in rows],
         "speedups": result_rows,
     }
 

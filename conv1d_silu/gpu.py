@@ -272,11 +272,13 @@ def stream_scratch(what: str, n: int, dtype: torch.dtype, device: torch.device) 
     fresh = torch.zeros if what == "tickets" else torch.empty
     if device.type == "cuda":
         index = _index(device)
-        reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
-        if torch.cuda.is_current_stream_capturing():
-            kept = reserve.take(n) if what == "tickets" else None
-            return kept if kept is not None else fresh(n, dtype=dtype, device=device)
+        reserve = None
         if what == "tickets":
+            reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
+        if torch.cuda.is_current_stream_capturing():
+            kept = reserve.take(n) if reserve is not None else None
+            return kept if kept is not None else fresh(n, dtype=dtype, device=device)
+        if reserve is not None:
             reserve.top_up(n, device)
         key = (what, dtype, "cuda", index, current_stream_ptr(index))
     else:
