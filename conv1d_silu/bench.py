@@ -432,7 +432,8 @@ def _shape(text: str) -> tuple[int, int]:
     return int(s), int(c)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parser() -> argparse.ArgumentParser:
+    """The bench's command line (scripts build their arguments with it too)."""
     p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the --preset's)")
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
@@ -455,7 +456,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--csv")
     p.add_argument("--plot", help="draw %% of bandwidth and speedups vs C into this PNG (matplotlib)")
     p.add_argument("--from-json", help="skip measuring: report a saved --json result")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
             result = json.load(f)
