@@ -123,7 +123,8 @@ def main(shapes: list[str]) -> None:
             for base in bwd_progs + fwd_progs:
                 own = routes.PROGRAMS[base].max_tile_vectors
                 routes.PROGRAMS[_name(base, tv, al)] = dataclasses.replace(
-                    routes.PROGRAMS[base], name=_name(base, tv, al), max_tile_vectors=tv or own, tile_align_bytes=al)
+                    routes.PROGRAMS[base], name=_name(base, tv, al), max_tile_vectors=tv or own,
+                    tile_align_bytes=al or routes.PROGRAMS[base].tile_align_bytes)
         ref = None
         for v in variants:
             use_variant(v)

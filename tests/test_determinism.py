@@ -81,3 +81,43 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
                     assert all(torch.equal(a, b) for a, b in zip(got, first[S, C, program])), (S, C, program)
                 bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
                 assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)
+
+
+@pytest.mark.parametrize("mode", ["single", "cu_seqlens"])
+def test_bulk_rows_give_the_bits_of_the_per_thread_pipeline(kernel_backend, mode):
+    """The bulk row pipeline (sm_90+) changes how rows reach shared memory, never the math: the
+    same bits as the per-thread pipeline, with documents, initial states and trailing rows (the
+    context-parallel tail), for every program that has a bulk form."""
+    from conv1d_silu import ops
+    from conv1d_silu.documents import doc_table
+
+    case = make_case(S=1500, C=48, K=4, mode=mode, init=mode != "single", dtype=torch.bfloat16,
+                     device=kernel_backend.device)
+    x, w, b = case["x"], case["weight"], case["bias"]
+    dy = torch.randn_like(x)
+    init = case.get("initial_states")
+    doc = doc_table(x, None, case.get("cu_seqlens"), init)
+    trailing = (torch.randn(3, 48, dtype=x.dtype, device=x.device), torch.randn(3, 48, dtype=x.dtype, device=x.device))
+    for base in routes.BULK_ROWS:
+        want = ops.backward_impl(dy, x, w, b, doc, init, None, True, x.dtype, base, trailing=trailing)
+        got = ops.backward_impl(dy, x, w, b, doc, init, None, True, x.dtype, base + "_bulk", trailing=trailing)
+        for a, c in zip(want, got):
+            assert (a is None) == (c is None) and (a is None or torch.equal(a, c)), base
+        launches = getattr(ops._launcher, "launches", None)  # the emulator's record
+        if launches is not None:
+            assert launches[-2].kernel.endswith(", 0>") and launches[-1].kernel.endswith(("128>", "256>"))
+
+
+def test_bulk_rows_need_16_byte_row_slices():
+    """Bulk copies move 16-byte multiples from 16-byte addresses: otherwise the program falls back
+    to its per-thread pipeline (BULK = 0) rather than fail."""
+    from conv1d_silu import gpu
+
+    bulk = routes.PROGRAMS["rowgroup_long_8b_bulk"]
+    assert gpu.bulk_rows(bulk, 2, 4, 32, 384, (384, 384), 16) == 256
+    assert gpu.bulk_rows(routes.PROGRAMS["rowgroup_8b_bulk"], 2, 4, 16, 384, (384, 384), 16) == 128
+    assert gpu.bulk_rows(routes.PROGRAMS["rowgroup_long_8b"], 2, 4, 32, 384, (384, 384), 16) == 0  # not a bulk program
+    assert gpu.bulk_rows(bulk, 2, 4, 32, 384, (384, 388), 16) == 0  # dy rows 776 bytes apart
+    assert gpu.bulk_rows(bulk, 2, 4, 32, 388, (388, 388), 16) == 0  # the last tile 8 bytes short
+    assert gpu.bulk_rows(bulk, 2, 4, 31, 384, (384, 384), 16) == 0  # tiles of 248 bytes
+    assert gpu.bulk_rows(bulk, 2, 4, 32, 384, (384, 384), 8) == 0  # x at an 8-byte address
