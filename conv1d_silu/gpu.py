@@ -84,22 +84,10 @@ def pipe_depth(K: int) -> int:
     return 2 if K >= 6 else 1 + math.ceil(PREFETCH_ROWS / K)
 
 
-def pipe_bytes(K: int, sources: int, threads: int, vec: int, itemsize: int, bulk: int = 0) -> int:
-    """Shared memory of the row pipeline (kernels/common.cuh, RowPipe): per thread DEPTH * K *
-    sources vectors, padded to an odd count; with ``bulk`` (the CTA's most threads) DEPTH * K *
-    sources entries of ``bulk`` vectors."""
-    if bulk:
-        return pipe_depth(K) * K * sources * bulk * vec * itemsize
+def pipe_bytes(K: int, sources: int, threads: int, vec: int, itemsize: int) -> int:
+    """Shared memory of the row pipeline: per thread DEPTH * K * sources vectors, padded to an odd
+    count (kernels/common.cuh, RowPipe)."""
     return (pipe_depth(K) * K * sources | 1) * threads * vec * itemsize
-
-
-def bulk_rows(program: Program, itemsize: int, vec: int, tile_v: int, C: int, strides: tuple[int, ...], align: int) -> int:
-    """The BULK template argument of a backward: the program's most threads per CTA when its rows
-    can come by bulk copies (every row slice 16-byte aligned and a multiple of 16 bytes), else 0."""
-    sized = [tile_v * vec, C, *strides]
-    if not program.bulk or align < 16 or any(n * itemsize % 16 for n in sized):
-        return 0
-    return LANES * program.max_tile_vectors
 
 
 def _table(doc: DocTable):
@@ -321,14 +309,13 @@ def backward_plan(
     n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
-    bulk = bulk_rows(program, itemsize, vec, tile_v, C, (x_stride, dy_stride), align)
     kernel = kernels.name_expression(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", spl, pipe_depth(K), bulk,
+        "long long" if wide else "int", spl, pipe_depth(K),
     )
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
-    smem = slots + pipe_bytes(K, 2, block, vec, itemsize, bulk)
+    smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     n_units = nodes[cta_level] * n_ctiles
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 

@@ -69,8 +69,6 @@ def choose(
     kernels = x.is_cuda or _emulated_arch is not None
     forced = routes.forced(program or config.forced_program(), direction, kernels)
     if forced is not None:
-        if forced.bulk and _arch(x.device) not in routes.ARCHS:  # no bulk copies before sm_90
-            return routes.PROGRAMS[forced.name.removesuffix("_bulk")]
         return forced
     if not kernels:
         return routes.PROGRAMS["reference"]

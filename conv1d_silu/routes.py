@@ -36,7 +36,6 @@ class Program:
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
-    bulk: bool = False  # backward rows by bulk copies (sm_90+; per-thread cp.async where unaligned)
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -114,17 +113,6 @@ PROGRAMS.update(
         description=f"{PROGRAMS[base].description}; channel tiles on {a}-byte boundaries",
     ))
     for base, aligns in ALIGNED_TILES.items() for a in aligns
-)
-
-# The backward programs whose rows can come by bulk copies (kernels/common.cuh, the bulk row
-# pipeline; docs/performance.md v11): tiles on 16-byte boundaries, as the copy engine needs.
-BULK_ROWS = ("rowgroup_8b", "rowgroup_long_8b", "rowgroup_long16_8b")
-PROGRAMS.update(
-    (f"{base}_bulk", replace(
-        PROGRAMS[base], name=f"{base}_bulk", bulk=True, tile_align_bytes=16,
-        description=f"{PROGRAMS[base].description}; rows by bulk copies (sm_90+)",
-    ))
-    for base in BULK_ROWS
 )
 
 VARIANTS = ("fwd", "fwd_bias", "fwd_dt", "bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")

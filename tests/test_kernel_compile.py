@@ -16,16 +16,16 @@ from conv1d_silu.gpu import pipe_depth
 
 bf16, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 
-# (x, weight, grads, K, VEC, bias, doc mode, initial states, silu, index, slabs per lane, bulk rows),
-# with the pipeline depth of K put before the last
+# (x, weight, grads, K, VEC, bias, doc mode, initial states, silu, index, slabs per lane), then the
+# pipeline depth of K
 BWD = [
-    (bf16, bf16, bf16, 4, 8, True, SINGLE, False, True, "int", 1, 0),
-    (bf16, bf16, f32, 4, 4, True, CU_SEQLENS, True, True, "int", 8, 256),
-    (bf16, f32, f32, 3, 8, False, SEQ_IDX, True, True, "long long", 1, 0),
-    (f16, f16, f16, 8, 4, True, BATCH, True, False, "int", 8, 0),
-    (f32, f32, f32, 2, 4, True, SINGLE, False, True, "int", 1, 128),
-    (f64, f64, f64, 4, 2, True, CU_SEQLENS, True, True, "int", 1, 0),
-    (f64, f64, f32, 8, 1, False, SINGLE, False, True, "long long", 8, 0),
+    (bf16, bf16, bf16, 4, 8, True, SINGLE, False, True, "int", 1),
+    (bf16, bf16, f32, 4, 8, True, CU_SEQLENS, True, True, "int", 8),
+    (bf16, f32, f32, 3, 8, False, SEQ_IDX, True, True, "long long", 1),
+    (f16, f16, f16, 8, 4, True, BATCH, True, False, "int", 8),
+    (f32, f32, f32, 2, 4, True, SINGLE, False, True, "int", 1),
+    (f64, f64, f64, 4, 2, True, CU_SEQLENS, True, True, "int", 1),
+    (f64, f64, f32, 8, 1, False, SINGLE, False, True, "long long", 8),
 ]
 # (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index, rows per lane), then
 # the pipeline depth of K
@@ -37,7 +37,7 @@ FWD = [
     (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
 ]
 INSTANCES = {
-    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a[:-1], pipe_depth(a[3]), a[-1]) for a in BWD],
+    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3])) for a in BWD],
     "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
 ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
@@ -115,8 +115,8 @@ def test_kernels_compile(source, arch, tmp_path):
 # performance regression (docs/performance.md v8).
 HOT = [
     ("conv1d_silu_bwd", kernels.name_expression("conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, True, SINGLE, False, True,
-                                                "int", spl, pipe_depth(4), bulk), 128)
-    for spl, bulk in ((1, 0), (8, 0), (1, 128), (8, 256))
+                                                "int", spl, pipe_depth(4)), 128)
+    for spl in (1, 8)
 ] + [
     ("conv1d_silu_fwd", kernels.name_expression("conv1d_silu_fwd", bf16, bf16, 4, 4, True, SINGLE, False, False, True,
                                                 "int", rows, pipe_depth(4)), 64)

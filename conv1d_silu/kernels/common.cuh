@@ -176,79 +176,18 @@ inline void async_commit() { emu::async_commit(); }
 template <int PENDING> inline void async_wait() { emu::async_wait(PENDING); }
 #endif
 
-// DEPTH stages of K rows (one ring turn) x NSRC sources. With BULK = 0 each thread has a slice of
-// its own (it copies its rows itself): every offset but the stage's is a compile-time immediate,
-// and slices are an odd number of vectors apart (ENTRIES | 1), so a warp's same-entry accesses
-// fall in distinct banks. With BULK = n (the bulk pipeline below, at most n threads per CTA) an
-// entry holds every thread's vector of one row, thread after thread.
-template <typename T, int VEC, int K, int NSRC, int DEPTH, int BULK = 0> struct RowPipe {
+// DEPTH stages of K rows (one ring turn) x NSRC sources per thread, in the thread's own slice:
+// every offset but the stage's is a compile-time immediate. Slices are an odd number of vectors
+// apart (ENTRIES | 1), so a warp's same-entry accesses fall in distinct banks.
+template <typename T, int VEC, int K, int NSRC, int DEPTH> struct RowPipe {
   static constexpr int ENTRIES = DEPTH * K * NSRC;
-  static constexpr int ENTRY = BULK ? BULK * VEC : VEC;                // elements between entries
-  static constexpr int THREAD = BULK ? VEC : (ENTRIES | 1) * VEC;      // elements between threads
-  T* base;
   T* mine;
-  C1S_FN explicit RowPipe(T* b) : base(b), mine(b + (int)threadIdx.x * THREAD) {}
-  C1S_FN T* at(int stage, int row, int src) const { return mine + ((stage * K + row) * NSRC + src) * ENTRY; }
-  C1S_FN T* entry(int stage, int row, int src) const { return base + ((stage * K + row) * NSRC + src) * ENTRY; }
+  C1S_FN explicit RowPipe(T* base) : mine(base + (int)threadIdx.x * (ENTRIES | 1) * VEC) {}
+  C1S_FN T* at(int stage, int row, int src) const { return mine + ((stage * K + row) * NSRC + src) * VEC; }
   C1S_FN void copy(int stage, int row, int src, const T* from) const {
     async_copy<VEC * (int)sizeof(T)>(at(stage, row, src), from);
   }
 };
-
-// ---- the bulk row pipeline (sm_90+: cp.async.bulk and mbarriers) --------------------------
-// A lane's slice of a row (its tile_c channels) is contiguous, so the copy engine can fetch it in
-// one instruction: per turn a lane issues K x NSRC bulk copies from a few threads, where RowPipe
-// costs every thread K x NSRC cp.async with their addresses (~100 of a turn's ~500 instructions,
-// docs/performance.md v11). The bytes in flight no longer need threads or registers either.
-// Stage entry (stage, row, src) holds the whole CTA's slices of that row, lane after lane, so
-// thread tid reads its vector at entry + tid * VEC: no bank conflicts, offsets are immediates
-// (the entry pitch MAXT * VEC is a template constant). Per lane and stage two mbarriers: `full`
-// completes when the lane's first thread has arrived with the bytes to expect and the copies
-// have landed; `empty` when every active thread of the lane has read the stage (it can refill).
-#ifndef CONV1D_SILU_EMULATE
-C1S_FN unsigned int smem_u32(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
-C1S_FN void mbar_init(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-C1S_FN void mbar_inval(unsigned long long* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-// Orders this thread's mbarrier.init before the copy engine's complete_tx on them.
-C1S_FN void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-// One arrival; with bytes > 0 also the transaction bytes the phase waits for (expect_tx).
-C1S_FN void mbar_arrive(unsigned long long* bar, unsigned int bytes = 0) {
-  unsigned long long state;
-  if (bytes)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;"
-                 : "=l"(state) : "r"(smem_u32(bar)), "r"(bytes) : "memory");
-  else
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
-}
-C1S_FN bool mbar_try_wait(unsigned long long* bar, unsigned int parity) {
-  unsigned int done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  return done != 0;
-}
-C1S_FN void bulk_copy(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-#else
-inline void mbar_init(unsigned long long* bar, int count) { emu::mbar_init(bar, count); }
-inline void mbar_inval(unsigned long long* bar) { emu::mbar_inval(bar); }
-inline void mbar_init_fence() {}
-inline void mbar_arrive(unsigned long long* bar, unsigned int bytes = 0) { emu::mbar_arrive(bar, bytes); }
-inline bool mbar_try_wait(unsigned long long* bar, unsigned int parity) { return emu::mbar_try_wait(bar, parity); }
-inline void bulk_copy(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
-  emu::bulk_copy(dst, src, bytes, bar);
-}
-#endif
-C1S_FN void mbar_wait(unsigned long long* bar, unsigned int parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
 
 // dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
 template <typename TG, typename A, int K, bool HAS_BIAS>

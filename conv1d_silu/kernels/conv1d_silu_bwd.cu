@@ -16,14 +16,12 @@
 // up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
 // order only the fold: no gradient value is ever summed atomically.
 //
-// x and dy arrive through a pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead of the math:
-// per-thread cp.async (BULK = 0) or, with BULK = the CTA's most threads (sm_90+, 16-byte aligned
-// row slices), bulk copies of each lane's row slices, a few threads per lane issuing them. The
-// slots of the fold come first in dynamic shared memory, the pipeline after.
+// x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
+// ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int SPL, int DEPTH, int BULK>
+          bool SILU, typename I, int SPL, int DEPTH>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
     const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
@@ -46,11 +44,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
-  const RowPipe<T, VEC, K, 2, DEPTH, BULK> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
+  const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
-  // BULK: per lane and stage, bars[(lane * DEPTH + stage) * 2] is `full`, + 1 `empty` (common.cuh)
-  constexpr int N_BARS = BULK ? LANES * DEPTH * 2 : 1;
-  __shared__ unsigned long long bars[N_BARS];
   A* ws = reinterpret_cast<A*>(workspace);
 
   const DocArgs da{table, S, row_len, n_docs};
@@ -72,14 +67,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     for (int k = 0; k < NB; ++k)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[k][e] = A(0);
-    // BULK: the lane's active threads (channel vectors inside C) read every stage, so `empty` waits
-    // for that many arrivals; `full` for its first thread's arrival with the bytes to expect.
-    const int n_act = min_(tile_v, C / VEC - ct * tile_v);
-    if constexpr (BULK != 0) {
-      for (int i = threadIdx.x; i < N_BARS; i += blockDim.x) mbar_init(&bars[i], i % 2 ? n_act : 1);
-      mbar_init_fence();
-      __syncthreads();
-    }
 
     if (c0 < C && r0 < S) {
       A wv[K][VEC], bv[VEC];
@@ -92,29 +79,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // Turns wholly inside S (all but the last one or two) copy from running row pointers.
       const T* px = x + (I)r0 * (I)x_rs + c0;
       const T* pdy = dy + (I)r0 * (I)dy_rs + c0;
-      // BULK: turn q is fetched (and waited for) when its first row exists; the lane agrees on it.
-      auto issued = [&](int q) { return q < N_TURNS && r0 + q * K < S + n_next; };
-      unsigned long long* lane_bars = bars + lane * DEPTH * 2;
-      const unsigned int row_bytes = (unsigned int)(n_act * VEC * sizeof(T));
       auto prefetch = [&](int q) {
         const int st = q % DEPTH;
-        if constexpr (BULK != 0) {
-          if (!issued(q)) return;
-          if (vl == 0) {
-            const long long rows = min_<long long>(min_(K, N_STEPS - q * K), S + n_next - (r0 + q * K));
-            mbar_arrive(&lane_bars[2 * st], (unsigned int)rows * 2 * row_bytes);
-          }
-          for (int i = vl; i < 2 * K; i += n_act) {  // one row slice of x (even i) or dy (odd i) each
-            const int j = q * K + i / 2;
-            const long long t = r0 + j;
-            if (j < N_STEPS && t < S + n_next) {
-              const T* from = t < S ? (i % 2 ? dy + (I)t * (I)dy_rs : x + (I)t * (I)x_rs)
-                                    : (i % 2 ? next_dy : next_x) + (I)(t - S) * (I)C;
-              bulk_copy(pipe.entry(st, i / 2, i % 2) + lane * tile_c, from + ct * tile_c, row_bytes, &lane_bars[2 * st]);
-            }
-          }
-          return;
-        }
         if (q * K + K <= N_STEPS && r0 + q * K + K <= S) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
@@ -272,17 +238,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
       for (int q = 0; q < N_TURNS; ++q) {
+        prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
+        async_wait<DEPTH - 1>();  // turn q has landed
         stage = q % DEPTH;
-        if constexpr (BULK != 0) {
-          // into the stage of turn q-1, once the lane's threads have all read it
-          if (q > 0 && vl < 2 * K && issued(q + DEPTH - 1))
-            mbar_wait(&lane_bars[2 * ((q - 1) % DEPTH) + 1], ((q - 1) / DEPTH) & 1);
-          prefetch(q + DEPTH - 1);
-          if (issued(q)) mbar_wait(&lane_bars[2 * stage], (q / DEPTH) & 1);  // turn q has landed
-        } else {
-          prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
-          async_wait<DEPTH - 1>();  // turn q has landed
-        }
         const int j0 = q * K;
         if (j0 + K <= own_steps) {
           static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
@@ -290,9 +248,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           static_for<0, K>([&](auto p) {
             if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, j0 + decltype(p)::value);
           });
-        }
-        if constexpr (BULK != 0) {
-          if (issued(q)) mbar_arrive(&lane_bars[2 * stage + 1]);  // this thread is done with the stage
         }
       }
     }
@@ -370,9 +325,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       n_level = (n_level + FAN - 1) / FAN;
       idx = parent;
     }
-    __syncthreads();  // the slots, last_flag and the mbarriers are reused by the next unit
-    if constexpr (BULK != 0) {
-      for (int i = threadIdx.x; i < N_BARS; i += blockDim.x) mbar_inval(&bars[i]);
-    }
+    __syncthreads();  // the slots and last_flag are reused by the next unit
   }
 }

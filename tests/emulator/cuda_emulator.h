@@ -4,8 +4,7 @@
 // __syncthreads(), then the next one runs; when every live thread waits, the barrier opens.
 // CTAs run one after another, so inter-CTA protocols (last-CTA tickets) resolve in launch order.
 // A barrier that some threads skip (they exited while others wait) is reported as an error:
-// on a GPU that is undefined behaviour. A thread spinning on an mbarrier yields to the others; a
-// round in which every runnable thread spins and nothing changes is reported as a deadlock. Arithmetic follows the host's libm, so results match the
+// on a GPU that is undefined behaviour. Arithmetic follows the host's libm, so results match the
 // GPU to rounding, not bit for bit; the tests compare with the reference at fp32 tolerances.
 #pragma once
 
@@ -15,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -39,7 +37,6 @@ struct Fiber {
   Dim3 tid;
   bool done = false;
   bool waiting = false;
-  bool spinning = false;  // yielded in an mbarrier wait
   // cp.async: copies land only at a wait that covers their group, so reading a row before its
   // wait sees stale shared memory, as it could on a GPU.
   struct Copy {
@@ -51,21 +48,8 @@ struct Fiber {
   std::vector<std::vector<Copy>> groups;
 };
 
-// An mbarrier: the phase completes when every expected arrival has come and the transaction
-// bytes expected (arrive.expect_tx) equal those copied (bulk copies, which land only then, so a
-// read before the wait sees stale shared memory, as it could on a GPU).
-struct Mbar {
-  int count = 0, pending = 0;
-  long long tx = 0;
-  unsigned int phase = 0;
-  std::vector<Fiber::Copy> copies;
-};
-
 struct State {
   Dim3 block_idx, block_dim, grid_dim;
-  std::map<const void*, Mbar> mbars;
-  unsigned long long progress = 0;  // mbarrier events, to tell spinning from deadlock
-  bool bad_mbar = false;            // an mbarrier used uninitialised
   std::vector<Fiber> fibers;
   size_t current = 0;
   ucontext_t scheduler;
@@ -91,22 +75,13 @@ inline void barrier() {
   swapcontext(&s.fibers[s.current].ctx, &s.scheduler);
 }
 
-inline void yield_spin() {
-  State& s = state();
-  s.fibers[s.current].spinning = true;
-  swapcontext(&s.fibers[s.current].ctx, &s.scheduler);
-}
-
-// Runs grid x block threads; returns 0, 1 when a barrier was skipped by exited threads, 2 on an
-// mbarrier deadlock or an mbarrier used uninitialised.
+// Runs grid x block threads; returns 0, or 1 when a barrier was skipped by exited threads.
 inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, const std::function<void()>& body) {
   State& s = state();
   s.grid_dim.x = grid;
   s.block_dim.x = block;
   s.body = &body;
   s.smem.assign(smem_bytes + 16, 0xCD);  // poisoned, like uninitialised shared memory
-  s.mbars.clear();
-  s.bad_mbar = false;
   s.fibers.resize(block);
   for (auto& f : s.fibers)
     if (f.stack.size() < (1 << 17)) f.stack.resize(1 << 17);
@@ -115,7 +90,7 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
     for (unsigned int t = 0; t < block; ++t) {
       Fiber& f = s.fibers[t];
       f.tid.x = t;
-      f.done = f.waiting = f.spinning = false;
+      f.done = f.waiting = false;
       f.open.clear();
       f.groups.clear();
       getcontext(&f.ctx);
@@ -125,20 +100,10 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
       makecontext(&f.ctx, fiber_entry, 0);
     }
     for (;;) {
-      const unsigned long long before = s.progress;
-      size_t ran = 0, spun = 0;
       for (size_t t = 0; t < block; ++t) {
         if (s.fibers[t].done || s.fibers[t].waiting) continue;
         s.current = t;
-        s.fibers[t].spinning = false;
         swapcontext(&s.scheduler, &s.fibers[t].ctx);
-        ++ran;
-        spun += s.fibers[t].spinning;
-      }
-      if (s.bad_mbar) return 2;
-      if (spun != 0) {
-        if (spun == ran && s.progress == before) return 2;  // everyone spins, nothing moves
-        continue;
       }
       size_t waiting = 0, done = 0;
       for (auto& f : s.fibers) {
@@ -166,53 +131,6 @@ inline void async_wait(int pending) {
     for (const auto& c : f.groups.front()) std::memcpy(c.dst, c.src, c.bytes);
     f.groups.erase(f.groups.begin());
   }
-}
-
-inline Mbar* mbar(const void* bar) {
-  State& s = state();
-  auto it = s.mbars.find(bar);
-  if (it == s.mbars.end()) {
-    s.bad_mbar = true;
-    return nullptr;
-  }
-  return &it->second;
-}
-inline void mbar_check(Mbar& m) {
-  if (m.pending != 0 || m.tx != 0) return;
-  for (const auto& c : m.copies) std::memcpy(c.dst, c.src, c.bytes);
-  m.copies.clear();
-  ++m.phase;
-  m.pending = m.count;
-}
-inline void mbar_init(const void* bar, int count) {
-  Mbar& m = state().mbars[bar];
-  m = Mbar{};
-  m.count = m.pending = count;
-}
-inline void mbar_inval(const void* bar) { state().mbars.erase(bar); }
-inline void mbar_arrive(const void* bar, unsigned int bytes) {
-  Mbar* m = mbar(bar);
-  if (m == nullptr) return;
-  ++state().progress;
-  m->tx += bytes;
-  --m->pending;
-  mbar_check(*m);
-}
-inline void bulk_copy(void* dst, const void* src, unsigned int bytes, const void* bar) {
-  Mbar* m = mbar(bar);
-  if (m == nullptr) return;
-  ++state().progress;
-  m->copies.push_back({dst, src, (int)bytes});
-  m->tx -= bytes;
-  mbar_check(*m);
-}
-// True once the phase of this parity has completed (the current phase has the other parity).
-inline bool mbar_try_wait(const void* bar, unsigned int parity) {
-  Mbar* m = mbar(bar);
-  if (m == nullptr) return true;
-  if ((m->phase & 1u) != parity) return true;
-  yield_spin();
-  return false;
 }
 
 // bf16 / fp16 conversions with round-to-nearest-even, as cvt.rn does.
