@@ -257,6 +257,48 @@ def _progress(i: int, n: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: float, dtype, device) -> list[Row]:
+    """Every timed call of one (S, C): ours, the baselines, and PyTorch's copy / add."""
+    rows: list[Row] = []
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    g = torch.Generator(device=device).manual_seed(S * 7919 + C)
+    x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
+    w = (torch.randn(C, args.K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
+    b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
+    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    plain = {}
+    xd = x.detach()
+    out = torch.empty_like(xd)
+    plain["copy"] = eager(lambda: out.copy_(xd))
+    plain["add"] = eager(lambda: torch.add(xd, dy, out=out))
+    nbytes = {"fwd": 2 * S * C * itemsize, "bwd": 3 * S * C * itemsize, "fwdbwd": 5 * S * C * itemsize}
+    for impl, fn in impls.items():
+        if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
+            continue
+        try:
+            calls = _timed_calls(fn, x, w, b, dy)
+        except Exception as err:  # a peer that rejects the shape
+            sys.stderr.write(f"\n{impl} S={S} C={C}: {err}\n")
+            continue
+        for call in args.calls:
+            times = timer(calls[call])
+            row = Row(S, C, call, impl, statistics.median(times), times, nbytes[call])
+            row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
+            if impl == "conv1d_silu":
+                ref = {"fwd": plain["copy"], "bwd": plain["add"]}.get(call)
+                if ref is not None:
+                    row.same_run_ratio = row.median_us / statistics.median(ref)
+                if call == "bwd" and args.check_determinism:
+                    first = [t.clone() for t in calls["bwd"]()]
+                    row.deterministic = all(
+                        all(torch.equal(a, c) for a, c in zip(first, calls["bwd"]())) for _ in range(4)
+                    )
+            rows.append(row)
+    for name, times in plain.items():
+        rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
+    return rows
+
+
 def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -268,45 +310,15 @@ def run(args) -> dict:
     impls = _impls(args)
     shapes = args.shapes or (PRESETS[args.preset]() if device.type == "cuda" else [(4096, 64), (8192, 128)])
     rows: list[Row] = []
-    itemsize = torch.tensor([], dtype=dtype).element_size()
     total = len(shapes)
     for i, (S, C) in enumerate(shapes):
         _progress(i, total, f"S={S} C={C}")
-        g = torch.Generator(device=device).manual_seed(S * 7919 + C)
-        x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
-        w = (torch.randn(C, args.K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
-        b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
-        dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
-        plain = {}
-        xd = x.detach()
-        out = torch.empty_like(xd)
-        plain["copy"] = eager(lambda: out.copy_(xd))
-        plain["add"] = eager(lambda: torch.add(xd, dy, out=out))
-        nbytes = {"fwd": 2 * S * C * itemsize, "bwd": 3 * S * C * itemsize, "fwdbwd": 5 * S * C * itemsize}
-        for impl, fn in impls.items():
-            if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
-                continue
-            try:
-                calls = _timed_calls(fn, x, w, b, dy)
-            except Exception as err:  # a peer that rejects the shape
-                sys.stderr.write(f"\n{impl} S={S} C={C}: {err}\n")
-                continue
-            for call in args.calls:
-                times = timer(calls[call])
-                row = Row(S, C, call, impl, statistics.median(times), times, nbytes[call])
-                row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
-                if impl == "conv1d_silu":
-                    ref = {"fwd": plain["copy"], "bwd": plain["add"]}.get(call)
-                    if ref is not None:
-                        row.same_run_ratio = row.median_us / statistics.median(ref)
-                    if call == "bwd" and args.check_determinism:
-                        first = [t.clone() for t in calls["bwd"]()]
-                        row.deterministic = all(
-                            all(torch.equal(a, c) for a, c in zip(first, calls["bwd"]())) for _ in range(4)
-                        )
-                rows.append(row)
-        for name, times in plain.items():
-            rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
+        if device.type == "cuda":
+            # Every shape starts from an empty cache, not from the blocks the bandwidth probe or the
+            # previous shape freed: right after a large free, the forward timed ~10 % slower
+            # (docs/performance.md v11, scripts/bench_gap.py).
+            torch.cuda.empty_cache()
+        rows += _shape_rows(args, impls, S, C, timer, eager, bw, dtype, device)
     _progress(total, total, "done")
     sys.stderr.write("\n")
     # speedups of ours against each baseline of the same (S, C, call)
