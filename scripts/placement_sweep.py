@@ -5,7 +5,9 @@ views of one buffer, y starting `delta` bytes after x (and, for each delta, as f
 each placement times our forward (graph replay) and PyTorch's copy into the same y (eager), cold
 L2. One JSON line per delta.
 
-    python3 scripts/placement_sweep.py S:C FROM_MB TO_MB STEP_MB
+    python3 scripts/placement_sweep.py S:C FROM_MB TO_MB STEP_MB [PROGRAM ...]
+
+(default program: the routed one)
 """
 
 from __future__ import annotations
@@ -37,30 +39,32 @@ class _Into:
         return self.y
 
 
-def main(shape: str, lo_mb: int, hi_mb: int, step_mb: int) -> None:
+def main(shape: str, lo_mb: int, hi_mb: int, step_mb: int, progs: list[str]) -> None:
     dev = torch.device("cuda")
     S, C = (int(v) for v in shape.split(":"))
     x0, _, w, b, doc, _ = _setup("fwd_bias", S, C, 4, torch.bfloat16, dev)
-    prog = routes.select("sm_90", "fwd_bias", C, S).name
+    progs = progs or [routes.select("sm_90", "fwd_bias", C, S).name]
     n = S * C * 2
     buf = torch.empty(2 * (hi_mb << 20) + n, dtype=torch.uint8, device=dev)
     at = lambda mb: buf[mb << 20 : (mb << 20) + n].view(torch.bfloat16).view(S, C)  # noqa: E731
     x = at(hi_mb)
     x.copy_(x0)
-    ops.forward_impl(x, w, b, doc, None, False, True, prog)  # plans and compiles outside the patch
+    for prog in progs:  # plans and compiles outside the patch
+        ops.forward_impl(x, w, b, doc, None, False, True, prog)
     graph, eager = Timer(dev, 15, 2, graph=True), Timer(dev, 15, 2, graph=False)
     for mb in range(lo_mb, hi_mb + 1, step_mb):
-        row = {"delta_mb": mb, "prog": prog}
+        row = {"delta_mb": mb}
         for side, y in (("after", at(hi_mb + mb)), ("below", at(hi_mb - mb))):
-            gpu.torch = _Into(y)
-            try:
-                fwd = graph(lambda: ops.forward_impl(x, w, b, doc, None, False, True, prog))
-            finally:
-                gpu.torch = torch
-            copy = eager(lambda: y.copy_(x))
-            row[f"fwd_{side}"], row[f"copy_{side}"] = round(statistics.median(fwd), 2), round(statistics.median(copy), 2)
+            for prog in progs:
+                gpu.torch = _Into(y)
+                try:
+                    fwd = graph(lambda: ops.forward_impl(x, w, b, doc, None, False, True, prog))
+                finally:
+                    gpu.torch = torch
+                row[f"{prog}_{side}"] = round(statistics.median(fwd), 2)
+            row[f"copy_{side}"] = round(statistics.median(eager(lambda: y.copy_(x))), 2)
         print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
