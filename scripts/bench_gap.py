@@ -1,9 +1,10 @@
-"""Bisects the bench-only gap (docs/performance.md v10: the bench times 262144x384 forward ~10 %
-slower than scripts/path_gap.py does, same GPU, same minute). In one process it times the same
-graph-replayed forward / backward after each piece of the bench's own set-up in turn, then the bench
-itself, then the first measurement again. One JSON line per step.
+"""The bench-only forward gap (docs/performance.md v10-v11: the bench timed 262144 x 384's forward
+~10 % slower than scripts/path_gap.py). One JSON line per step, in one process.
 
-    python3 scripts/bench_gap.py S:C ...
+    python3 scripts/bench_gap.py bisect S:C ...     the forward / backward after each piece of the
+                                                     bench's set-up in turn, then the bench itself
+    python3 scripts/bench_gap.py placement S:C ...  ours and PyTorch's clone / copy with outputs
+                                                     allocated in a clean cache and after a 1 GB free
 """
 
 from __future__ import annotations
@@ -66,21 +67,55 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     print(json.dumps(row), flush=True)
 
 
-def main(shapes: list[str]) -> None:
-    dev = torch.device("cuda")
+def bisect(S: int, C: int, dev: torch.device) -> None:
+    tool_timer = bench.Timer(dev, reps=25, warmup=2, graph=True)
     bench_timer = bench.Timer(dev, reps=15, warmup=3, graph=True)
+    tool = tool_tensors(S, C, dev)
+    timed("tool_tensors_tool_timer", tool, tool_timer, S, C)
+    timed("tool_tensors_bench_timer", tool, bench_timer, S, C)
+    mine = bench_tensors(S, C, dev)
+    timed("bench_tensors_bench_timer", mine, bench_timer, S, C)
+    big = torch.empty(2**30, dtype=torch.uint8, device=dev)
+    del big
+    timed("after_alloc_free_1GB", mine, bench_timer, S, C)
+    a = torch.empty(2**29, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    for _ in range(18):
+        b.copy_(a)
+    timed("after_18_copies_of_512MB", mine, bench_timer, S, C)
+    del a, b
+    timed("after_freeing_them", mine, bench_timer, S, C)
+    torch.cuda.empty_cache()
+    timed("after_empty_cache", mine, bench_timer, S, C)
+    bench.copy_bandwidth(dev, bench.Timer(dev, 15, 3, graph=False))
+    timed("after_copy_bandwidth", mine, bench_timer, S, C)
+    timed("after_copy_bandwidth_again", mine, bench_timer, S, C)
+    del mine  # freed before the bench allocates its own
+    args = bench.parser().parse_args(["--graph", "--reps", "15", "--shapes", f"{S},{C}", "--calls", "fwd", "bwd",
+                                      "--baselines", "--no-host"])
+    for r in bench.run(args)["rows"]:
+        if r["impl"] == "conv1d_silu":
+            print(json.dumps({"step": "bench_run", r["call"]: round(r["median_us"], 2),
+                              r["call"] + "_min": round(r["min_us"], 2)}), flush=True)
+    timed("tool_tensors_after_bench", tool, tool_timer, S, C)
+
+
+def placements(S: int, C: int, dev: torch.device) -> None:
+    timer = bench.Timer(dev, reps=15, warmup=3, graph=True)
+    mine = bench_tensors(S, C, dev)
+    for rep in range(2):
+        placement(f"clean_{rep}", mine, timer, S, C)
+        big = torch.empty(2**30, dtype=torch.uint8, device=dev)
+        del big
+        placement(f"after_free_1GB_{rep}", mine, timer, S, C)
+        torch.cuda.empty_cache()
+
+
+def main(mode: str, shapes: list[str]) -> None:
     for shape in shapes:
         S, C = (int(v) for v in shape.split(":"))
-        mine = bench_tensors(S, C, dev)
-        # v11: the forward's slow mode (+10 %) follows a large free (copy_bandwidth's 1 GB, a shape's
-        # tensors) and is gone after torch.cuda.empty_cache(). Does it hit PyTorch's own kernels too?
-        for rep in range(2):
-            placement(f"clean_{rep}", mine, bench_timer, S, C)
-            big = torch.empty(2**30, dtype=torch.uint8, device=dev)
-            del big
-            placement(f"after_free_1GB_{rep}", mine, bench_timer, S, C)
-            torch.cuda.empty_cache()
+        {"bisect": bisect, "placement": placements}[mode](S, C, torch.device("cuda"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["262144:384"])
+    main(sys.argv[1], sys.argv[2:] or ["262144:384"])
