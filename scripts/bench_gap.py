@@ -49,6 +49,10 @@ def timed(step: str, tensors, timer: bench.Timer, S: int, C: int) -> None:
     print(json.dumps(row), flush=True)
 
 
+# the routed forward at 262144 x 384, and programs whose CTAs span fewer rows (128, 256 -> 128 per CTA)
+PROGRAMS = ["fwd_rows_8b_a64", "fwd_rows16_8b", "fwd_rows16_8b_a64"]
+
+
 def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     """Graph replays of ops that allocate their output inside the graph (ours, x.clone()) and an
     eager copy into an output allocated now, with the outputs' addresses."""
@@ -56,7 +60,8 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     xd = x.detach()
     got: list = []
     row = {"step": step}
-    for name, fn in (("fwd", lambda: got.append(causal_conv1d_silu(x, w, b))), ("clone", lambda: got.append(xd.clone()))):
+    ours = [(p, lambda p=p: got.append(causal_conv1d_silu(x, w, b, program=p))) for p in PROGRAMS]
+    for name, fn in ours + [("clone", lambda: got.append(xd.clone()))]:
         got.clear()
         t = timer(fn)
         row[name], row[name + "_min"], row[name + "_out"] = round(statistics.median(t), 2), round(min(t), 2), hex(got[-1].data_ptr())
