@@ -49,7 +49,7 @@ def timed(step: str, tensors, timer: bench.Timer, S: int, C: int) -> None:
     print(json.dumps(row), flush=True)
 
 
-# the routed forward at 262144 x 384, and programs whose CTAs span fewer rows (128, 256 -> 128 per CTA)
+# the routed forward at 262144 x 384 (CTAs of 256 rows) and two whose CTAs span 128 rows
 PROGRAMS = ["fwd_rows_8b_a64", "fwd_rows16_8b", "fwd_rows16_8b_a64"]
 
 
