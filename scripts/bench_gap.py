@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import bench, causal_conv1d_silu  # noqa: E402
+from conv1d_silu import bench, causal_conv1d_silu, routes  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def timed(step: str, tensors, timer: bench.Timer, S: int, C: int) -> None:
     print(json.dumps(row), flush=True)
 
 
-# the routed forward at 262144 x 384 (CTAs of 256 rows) and two whose CTAs span 128 rows
+# forwards whose CTAs span 256 rows and two whose CTAs span 128 (and the shape's routed one)
 PROGRAMS = ["fwd_rows_8b_a64", "fwd_rows16_8b", "fwd_rows16_8b_a64"]
 
 
@@ -59,8 +59,10 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     x, w, b, _ = mine
     xd = x.detach()
     got: list = []
-    row = {"step": step}
-    ours = [(p, lambda p=p: got.append(causal_conv1d_silu(x, w, b, program=p))) for p in PROGRAMS]
+    routed = routes.select("sm_90", "fwd_bias", C, S).name
+    row = {"step": step, "S": S, "C": C, "routed": routed}
+    progs = PROGRAMS + ([routed] if routed not in PROGRAMS else [])
+    ours = [(p, lambda p=p: got.append(causal_conv1d_silu(x, w, b, program=p))) for p in progs]
     for name, fn in ours + [("clone", lambda: got.append(xd.clone()))]:
         got.clear()
         t = timer(fn)
