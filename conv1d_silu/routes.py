@@ -36,6 +36,7 @@ class Program:
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
+    routed: bool = True  # False: forced by name and timed by the tuner, but never picked by a route
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -46,7 +47,9 @@ PROGRAMS: dict[str, Program] = {
     for p in (
         Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
         Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
-        Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8),
+        # Its 256-row CTAs run ~10 % slower when the output lies in memory allocated right after a
+        # large free; the 128-row fwd_rows16_8b never did (docs/performance.md v11).
+        Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8, routed=False),
         Program(
             "fwd_rows16_8b",
             "fwd",

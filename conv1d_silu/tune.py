@@ -179,6 +179,12 @@ def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN
     return 1 + min(NOISE_CAP, max(margin, m.spread[program], m.spread[fastest]))
 
 
+def routable(m: Measurement) -> Measurement:
+    """``m`` with only the programs a route may name (``Program.routed``)."""
+    keep = {p: t for p, t in m.times.items() if p in routes.PROGRAMS and routes.PROGRAMS[p].routed}
+    return Measurement(m.variant, m.C, m.S, keep, m.spread)
+
+
 def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[routes.Rule]]:
     """Route rules from measurements: at every measured (C, S) the routed program is the measured
     fastest, or within ``tolerance`` of it.
@@ -194,7 +200,7 @@ def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[rout
     rules: dict[str, list[routes.Rule]] = {}
     for variant in sorted({m.variant for m in ms}):
         default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
-        vm = [m for m in ms if m.variant == variant]
+        vm = [routable(m) for m in ms if m.variant == variant]
         Cs = sorted({m.C for m in vm})
         Ss = sorted({m.S for m in vm})
         table = {(m.C, m.S): m for m in vm}
@@ -282,7 +288,9 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
         "measured C to the next (the odd single-step bands are real: balanced channel tiles of some C leave part "
-        "of a warp idle); variants not listed here were not measured and use the default.",
+        "of a warp idle); variants not listed here were not measured and use the default. Timed but never routed "
+        "(`Program.routed`, see conv1d_silu/routes.py for why): "
+        + (", ".join(f"`{n}`" for n, p in routes.PROGRAMS.items() if not p.routed) or "none") + ".",
         "",
         "## Rules",
         "",
