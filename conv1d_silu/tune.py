@@ -134,11 +134,20 @@ def settled(sample: Callable[[], list[float]], rounds: int = 2) -> tuple[float, 
         t += sample()
 
 
+def _point(variant: str, C: int, S: int, K: int, dtype, timer: Timer, programs) -> Measurement:
+    """Every program's time at one (variant, C, S); the inputs die with the call."""
+    x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, timer.device)
+    times, spread = {}, {}
+    for name in _programs(variant, programs):
+        call = lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype)  # noqa: E731
+        times[name], spread[name] = settled(lambda: timer(call))
+    return Measurement(variant, C, S, times, spread)
+
+
 def measure(
     variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr, programs=None
 ) -> list[Measurement]:
-    device = torch.device("cuda")
-    timer = Timer(device, reps, warmup=2, graph=True)  # graph replays: kernel time, no host overhead
+    timer = Timer(torch.device("cuda"), reps, warmup=2, graph=True)  # graph replays: kernel time, no host overhead
     out = []
     total = len(variants) * len(Cs) * len(Ss)
     i = 0
@@ -147,12 +156,10 @@ def measure(
             for C in Cs:
                 i += 1
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
-                x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device)
-                times, spread = {}, {}
-                for name in _programs(variant, programs):
-                    call = lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype)  # noqa: E731
-                    times[name], spread[name] = settled(lambda: timer(call))
-                out.append(Measurement(variant, C, S, times, spread))
+                # from an empty cache, as the bench measures: right after a large free some programs
+                # run ~10 % slower (docs/performance.md v11)
+                torch.cuda.empty_cache()
+                out.append(_point(variant, C, S, K, dtype, timer, programs))
     log.write("\n")
     return out
 

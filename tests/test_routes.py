@@ -311,3 +311,18 @@ def test_tuner_with_backward_programs_only_times_backward_variants(monkeypatch):
     monkeypatch.setattr(tune.ops, "_arch", lambda device: "sm_90")
     tune.main(["--programs", "rowgroup_long16_8b", "--jobs", "0", "--no-write", "--C", "384", "--S", "131072"])
     assert seen and all(v.startswith("bwd") for v in seen)
+
+
+def test_tuner_times_every_program_at_a_point(kernel_backend):
+    """One measured point of the tuner (``tune._point``), through the real planning code on the
+    emulator or the GPU: a time and a spread per program asked for."""
+    import torch
+
+    from conv1d_silu.bench import Timer
+    from conv1d_silu.tune import _point
+
+    timer = Timer(torch.device(kernel_backend.device), reps=3, warmup=1, graph=False)
+    m = _point("bwd_bias", 24, 300, 4, torch.float32, timer, ["rowgroup", "rowgroup_long_8b"])
+    assert (m.variant, m.C, m.S) == ("bwd_bias", 24, 300)
+    assert set(m.times) == set(m.spread) == {"rowgroup", "rowgroup_long_8b"}
+    assert all(t > 0 for t in m.times.values())
