@@ -257,15 +257,21 @@ def _progress(i: int, n: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def shape_inputs(S: int, C: int, K: int, dtype: torch.dtype, device: torch.device):
+    """x, weight, bias (grad-requiring leaves) and dy of one bench shape: random, seeded by the shape."""
+    g = torch.Generator(device=device).manual_seed(S * 7919 + C)
+    x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
+    w = (torch.randn(C, K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
+    b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
+    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    return x, w, b, dy
+
+
 def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: float, dtype, device) -> list[Row]:
     """Every timed call of one (S, C): ours, the baselines, and PyTorch's copy / add."""
     rows: list[Row] = []
     itemsize = torch.tensor([], dtype=dtype).element_size()
-    g = torch.Generator(device=device).manual_seed(S * 7919 + C)
-    x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
-    w = (torch.randn(C, args.K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
-    b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
-    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    x, w, b, dy = shape_inputs(S, C, args.K, dtype, device)
     plain = {}
     xd = x.detach()
     out = torch.empty_like(xd)

@@ -29,13 +29,8 @@ def tool_tensors(S: int, C: int, dev: torch.device):
 
 
 def bench_tensors(S: int, C: int, dev: torch.device):
-    """What bench.run times: its own generator, seed and weight scale."""
-    g = torch.Generator(device=dev).manual_seed(S * 7919 + C)
-    x = torch.randn(S, C, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
-    w = (torch.randn(C, 4, device=dev, dtype=torch.bfloat16, generator=g) * 0.5).requires_grad_()
-    b = torch.randn(C, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
-    dy = torch.randn(S, C, device=dev, dtype=torch.bfloat16, generator=g)
-    return x, w, b, dy
+    """What bench.run times."""
+    return bench.shape_inputs(S, C, 4, torch.bfloat16, dev)
 
 
 def timed(step: str, tensors, timer: bench.Timer, S: int, C: int) -> None:
