@@ -147,7 +147,8 @@ def _point(variant: str, C: int, S: int, K: int, dtype, timer: Timer, programs) 
 def measure(
     variants, Cs, Ss, reps: int, K: int = 4, dtype=torch.bfloat16, log=sys.stderr, programs=None
 ) -> list[Measurement]:
-    timer = Timer(torch.device("cuda"), reps, warmup=2, graph=True)  # graph replays: kernel time, no host overhead
+    # graph replays: kernel time, no host overhead
+    timer = Timer(torch.device("cuda"), reps, warmup=2, graph=True)
     out = []
     total = len(variants) * len(Cs) * len(Ss)
     i = 0
