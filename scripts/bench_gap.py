@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import bench, causal_conv1d_silu, routes  # noqa: E402
+from conv1d_silu import bench, causal_conv1d_silu, ops, routes  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
 
@@ -46,6 +46,8 @@ def timed(step: str, tensors, timer: bench.Timer, S: int, C: int) -> None:
 
 # forwards whose CTAs span 256 rows and two whose CTAs span 128 (and the shape's routed one)
 PROGRAMS = ["fwd_rows_8b_a64", "fwd_rows16_8b", "fwd_rows16_8b_a64"]
+# backwards whose CTAs span 256 rows (rowgroup_8b) and 2048 (the long ones), and the routed one
+BWD_PROGRAMS = ["rowgroup_8b", "rowgroup_long_8b", "rowgroup_long16_8b"]
 
 
 def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
@@ -58,6 +60,11 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     row = {"step": step, "S": S, "C": C, "routed": routed}
     progs = PROGRAMS + ([routed] if routed not in PROGRAMS else [])
     ours = [(p, lambda p=p: got.append(causal_conv1d_silu(x, w, b, program=p))) for p in progs]
+    _, dy, _, _, doc, gd = _setup("bwd_bias", S, C, 4, x.dtype, x.device)
+    bwd_routed = routes.select("sm_90", "bwd_bias", C, S).name
+    ours += [(p, lambda p=p: got.append(ops.backward_impl(dy, xd, w.detach(), b.detach(), doc, None, None, True, gd, p)[0]))
+             for p in BWD_PROGRAMS + ([bwd_routed] if bwd_routed not in BWD_PROGRAMS else [])]
+    row["bwd_routed"] = bwd_routed
     for name, fn in ours + [("clone", lambda: got.append(xd.clone()))]:
         got.clear()
         t = timer(fn)

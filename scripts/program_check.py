@@ -1,0 +1,50 @@
+"""Runs one backward program against `rowgroup` (bits of dx, dweight, dbias) at a few shapes, in
+this process: a faulting program takes only its own process down.
+
+    python3 scripts/program_check.py PROGRAM [S:C ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conv1d_silu import gpu, ops, runtime  # noqa: E402
+from conv1d_silu.tune import _setup  # noqa: E402
+
+
+def main(program: str, shapes: list[str]) -> None:
+    dev = torch.device("cuda")
+    for shape in shapes or ["4096:384", "262144:384", "1000:264"]:
+        S, C = (int(v) for v in shape.split(":"))
+        x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
+        ref = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, "rowgroup")
+        got = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program)
+        same = [torch.equal(a, c) for a, c in zip(got[:3], ref[:3])]
+        launch = _last_launch(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program))
+        fn = runtime.function(launch.source, launch.kernel, 0)
+        per_sm = runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, 0)
+        print(program, shape, "bits equal" if all(same) else f"BITS DIFFER {same}",
+              f"{fn.num_regs} registers, {fn.local_size_bytes} B local, {launch.block} threads, "
+              f"{launch.smem} B shared, {per_sm} CTAs per SM: {launch.kernel}", flush=True)
+
+
+def _last_launch(call):
+    seen = []
+
+    class Recorder(gpu.Launcher):
+        def __call__(self, launch, device):
+            seen.append(launch)
+            super().__call__(launch, device)
+
+    with ops.use_launcher(Recorder()):
+        call()
+    return seen[-1]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
