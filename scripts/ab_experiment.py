@@ -52,6 +52,20 @@ NO_MATH_BWD = [
     ("v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);", "if (m == K - 1) v = gr[(P + 1 + m) % K][e];"),
 ]
 NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] = xv[e];")]
+# Timing only (wrong bits; S a multiple of 2048, K = 4): the long programs' lanes walk adjacent slabs
+# wave after wave (lane l takes slabs l, l + 8, l + 16, ...), so a CTA's 8 lanes read 256 consecutive
+# rows at a time, as the forward's and rowgroup_8b's CTAs do, where normally they are 256 rows apart
+# (docs/performance.md v12: does the footprint or the pipeline set the backward's own floor?).
+FOOTPRINT = [
+    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
+     "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
+    ("            pdy += dy_rs;\n          }\n        } else if (q < N_TURNS) {",
+     "            pdy += dy_rs;\n          }\n          if ((q + 1) % (SLAB / K) == 0) {\n"
+     "            px += (LANES - 1) * SLAB * x_rs;\n            pdy += (LANES - 1) * SLAB * dy_rs;\n          }\n"
+     "        } else if (q < N_TURNS) {"),
+    ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
+     "          store_vec(pdx, 0, dxv);\n          pdx += C;\n          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
+]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -61,6 +75,7 @@ VARIANTS = {
     # The backward is near issue-bound and short of warps at once (docs/performance.md v10): a deeper
     # row pipeline alone, and with the arithmetic gone, show what is left when both limits give way.
     "deep": [], "no_math_deep": NO_MATH_BWD + NO_MATH_FWD,
+    "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 _prefetch_rows = gpu.PREFETCH_ROWS
