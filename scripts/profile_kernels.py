@@ -5,11 +5,13 @@
 
 Each case is ``call:S:C[:program]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias, random
 inputs). Every case runs once before profiling starts, so compilation and the first-call work stay
-outside the profiled range.
+outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
+scripts/ab_experiment.py (e.g. no_math) to every case.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +47,12 @@ def make(spec: str):
 
 
 def main(specs: list[str]) -> None:
+    variant = os.environ.get("AB_VARIANT")  # a kernel-text variant of scripts/ab_experiment.py, e.g. no_math
+    if variant:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ab_experiment import use_variant
+
+        use_variant(variant)
     runs = [make(s) for s in specs]
     for fn in runs:
         fn()
