@@ -43,10 +43,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
-  // [LANES][NB][VEC][tile_v], then the row pipeline: a warp's (k, e) values are consecutive words,
-  // so the slab folds' shared stores and loads are free of bank conflicts ([..][tile_v][VEC] made
-  // them 4-way, the MIO queue's top stall; docs/performance.md v12)
-  A* slot = reinterpret_cast<A*>(smem_raw);
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
   A* ws = reinterpret_cast<A*>(workspace);
@@ -63,7 +60,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const int c0 = (ct * tile_v + vl) * VEC;
     const long long r0 = (node * LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
-    A* my_slot = slot + (lane * NB * tile_c) + vl;               // + (k * VEC + e) * tile_v
+    A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
 
     A acc[NB][VEC];
 #pragma unroll
@@ -233,8 +230,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           for (int k = 0; k < NB; ++k)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              A& node1 = my_slot[(k * VEC + e) * tile_v];  // the level-1 node so far
-              node1 = j < SLAB ? acc[k][e] : node1 + acc[k][e];
+              my_slot[k * tile_c + e] = j < SLAB ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
               acc[k][e] = A(0);
             }
         }
@@ -262,7 +258,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
       for (int k = 0; k < NB; ++k)
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) my_slot[(k * VEC + e) * tile_v] = acc[k][e];
+        for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
     }
     __syncthreads();
 
@@ -275,10 +271,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
       const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
       if (c >= C) continue;
-      const int at = k * tile_c + (cl % VEC) * tile_v + cl / VEC;  // lane 0's (k, cl)
-      A v = slot[at];
+      A v = slot[k * tile_c + cl];
 #pragma unroll
-      for (int l = 1; l < LANES; ++l) v += slot[l * NB * tile_c + at];
+      for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
       if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
