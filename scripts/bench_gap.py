@@ -3,8 +3,9 @@
 
     python3 scripts/bench_gap.py bisect S:C ...     the forward / backward after each piece of the
                                                      bench's set-up in turn, then the bench itself
-    python3 scripts/bench_gap.py placement S:C ...  ours and PyTorch's clone / copy with outputs
-                                                     allocated in a clean cache and after a 1 GB free
+    python3 scripts/bench_gap.py placement S:C ...  our forwards and backwards and PyTorch's clone /
+                                                     copy with outputs allocated in a clean cache and
+                                                     after a 1 GB free
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ BWD_PROGRAMS = ["rowgroup_8b", "rowgroup_long_8b", "rowgroup_long16_8b"]
 
 
 def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
-    """Graph replays of ops that allocate their output inside the graph (ours, x.clone()) and an
-    eager copy into an output allocated now, with the outputs' addresses."""
+    """Graph replays of ops that allocate their output inside the graph (our forwards, our
+    backwards' dx, x.clone()) and an eager copy into an output allocated now, with the outputs'
+    addresses."""
     x, w, b, _ = mine
     xd = x.detach()
     got: list = []
@@ -62,8 +64,11 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     ours = [(p, lambda p=p: got.append(causal_conv1d_silu(x, w, b, program=p))) for p in progs]
     _, dy, _, _, doc, gd = _setup("bwd_bias", S, C, 4, x.dtype, x.device)
     bwd_routed = routes.select("sm_90", "bwd_bias", C, S).name
-    ours += [(p, lambda p=p: got.append(ops.backward_impl(dy, xd, w.detach(), b.detach(), doc, None, None, True, gd, p)[0]))
-             for p in BWD_PROGRAMS + ([bwd_routed] if bwd_routed not in BWD_PROGRAMS else [])]
+    wd, bd = w.detach(), b.detach()
+    ours += [
+        (p, lambda p=p: got.append(ops.backward_impl(dy, xd, wd, bd, doc, None, None, True, gd, p)[0]))
+        for p in BWD_PROGRAMS + ([bwd_routed] if bwd_routed not in BWD_PROGRAMS else [])
+    ]
     row["bwd_routed"] = bwd_routed
     for name, fn in ours + [("clone", lambda: got.append(xd.clone()))]:
         got.clear()

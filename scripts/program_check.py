@@ -1,5 +1,6 @@
-"""Runs one backward program against `rowgroup` (bits of dx, dweight, dbias) at a few shapes, in
-this process: a faulting program takes only its own process down.
+"""Runs one backward program against `rowgroup` (bits of dx, dweight, dbias) at a few shapes and
+prints its instantiation's registers, local memory, shared memory and resident CTAs per SM. One
+program per process: a faulting program takes only its own process down.
 
     python3 scripts/program_check.py PROGRAM [S:C ...]
 """
@@ -26,14 +27,16 @@ def main(program: str, shapes: list[str]) -> None:
         got = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program)
         same = [torch.equal(a, c) for a, c in zip(got[:3], ref[:3])]
         launch = _last_launch(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program))
-        fn = runtime.function(launch.source, launch.kernel, 0)
-        per_sm = runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, 0)
+        index = torch.cuda.current_device()
+        fn = runtime.function(launch.source, launch.kernel, index)
+        per_sm = runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, index)
         print(program, shape, "bits equal" if all(same) else f"BITS DIFFER {same}",
               f"{fn.num_regs} registers, {fn.local_size_bytes} B local, {launch.block} threads, "
               f"{launch.smem} B shared, {per_sm} CTAs per SM: {launch.kernel}", flush=True)
 
 
-def _last_launch(call):
+def _last_launch(call) -> runtime.Launch:
+    """The last launch ``call`` makes (recorded on its way to the GPU)."""
     seen = []
 
     class Recorder(gpu.Launcher):
