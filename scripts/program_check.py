@@ -24,9 +24,8 @@ def main(program: str, shapes: list[str]) -> None:
         S, C = (int(v) for v in shape.split(":"))
         x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
         ref = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, "rowgroup")
-        got = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program)
+        got, launch = _with_launch(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program))
         same = [torch.equal(a, c) for a, c in zip(got[:3], ref[:3])]
-        launch = _last_launch(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program))
         index = torch.cuda.current_device()
         fn = runtime.function(launch.source, launch.kernel, index)
         per_sm = runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, index)
@@ -35,8 +34,8 @@ def main(program: str, shapes: list[str]) -> None:
               f"{launch.smem} B shared, {per_sm} CTAs per SM: {launch.kernel}", flush=True)
 
 
-def _last_launch(call) -> runtime.Launch:
-    """The last launch ``call`` makes (recorded on its way to the GPU)."""
+def _with_launch(call) -> tuple[object, runtime.Launch]:
+    """``call()``'s result and the last launch it made (recorded on its way to the GPU)."""
     seen = []
 
     class Recorder(gpu.Launcher):
@@ -45,8 +44,8 @@ def _last_launch(call) -> runtime.Launch:
             super().__call__(launch, device)
 
     with ops.use_launcher(Recorder()):
-        call()
-    return seen[-1]
+        result = call()
+    return result, seen[-1]
 
 
 if __name__ == "__main__":
