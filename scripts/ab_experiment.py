@@ -75,6 +75,7 @@ VARIANTS = {
     # The backward is near issue-bound and short of warps at once (docs/performance.md v10): a deeper
     # row pipeline alone, and with the arithmetic gone, show what is left when both limits give way.
     "deep": [], "no_math_deep": NO_MATH_BWD + NO_MATH_FWD,
+    "no_math_no_ticket": NO_MATH_BWD + [NO_TICKET],  # the pattern without the tree above the CTA
     "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)

@@ -59,10 +59,10 @@ NVRTC, NVRTC_ARCHS = _nvrtc()
 NVCC = shutil.which("nvcc")
 
 
-def _compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, ...] = ()) -> str:
+def _compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, ...] = (), code: str = "") -> str:
     from conv1d_silu.runtime import NVRTC_OPTIONS
 
-    code = kernels.source(source).encode()
+    code = (code or kernels.source(source)).encode()
     err, prog = NVRTC.nvrtcCreateProgram(code, f"{source}.cu".encode(), 0, [], [])
     for e in exprs:
         NVRTC.nvrtcAddNameExpression(prog, e.encode())
@@ -177,6 +177,15 @@ def test_ab_experiment_host_variants(monkeypatch):
     assert pipe_depth(4) == base_depth and reserve.take(1) is not None
     gpu.backward_plan.cache_clear()
     gpu.forward_plan.cache_clear()
+
+
+def test_stream_probe_compiles():
+    """scripts/stream_probe.py's kernel (the access-pattern floor of docs/performance.md v13) still
+    compiles, every instance."""
+    if NVRTC is None or 90 not in NVRTC_ARCHS:
+        pytest.skip("needs NVRTC with sm_90")
+    probe = _script("stream_probe")
+    _compile_nvrtc("stream_probe", probe.NAMES, "sm_90", code=probe.SOURCE)
 
 
 def test_cta_timeline_patches_still_apply():

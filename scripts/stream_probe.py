@@ -1,0 +1,188 @@
+"""What the backward's access pattern can reach, without the backward: a probe kernel that reads
+two [S, C] bf16 tensors and writes a third (out = x ^ dy, bitwise; no math), with the backward's
+geometry (CTAs of 8 lanes x 32 threads, each lane walking ROWS consecutive rows of one channel
+tile), over the ways a thread can move its bytes:
+
+  vec     8 or 16 bytes per thread per access
+  mode    ldg:   plain loads into a double-buffered register ring of AHEAD rows
+          async: cp.async into the thread's own shared-memory ring of AHEAD + 1 rows (as
+                 kernels/common.cuh's RowPipe; .ca for 8 bytes, .cg for 16), one group per row
+  ahead   rows in flight per thread
+  ctas    CTAs per SM, set by padding the dynamic shared memory (registers permitting)
+
+against torch.add of the same tensors. Graph replays, cold L2, medians, µs; one JSON line per
+shape (docs/performance.md v13).
+
+    python3 scripts/stream_probe.py S:C ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conv1d_silu.bench import Timer  # noqa: E402
+
+SOURCE = r"""
+template <int VB> struct Vt;
+template <> struct Vt<8> { using type = uint2; };
+template <> struct Vt<16> { using type = uint4; };
+__device__ __forceinline__ uint2 mix(uint2 a, uint2 b) { return make_uint2(a.x ^ b.x, a.y ^ b.y); }
+__device__ __forceinline__ uint4 mix(uint4 a, uint4 b) {
+  return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+}
+template <int VB> __device__ __forceinline__ void copy_async(unsigned int dst, const void* src) {
+  if (VB == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// MODE 0: register ring; MODE 1: cp.async ring. Rows per lane a multiple of 2 * AHEAD.
+template <int VB, int MODE, int AHEAD>
+__global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, char* __restrict__ out,
+                     long long S, long long row_bytes, long long rows_per_lane, long long n_ctiles,
+                     long long tile_t, long long interleave) {
+  using V = typename Vt<VB>::type;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x / (int)tile_t, vl = threadIdx.x % (int)tile_t;
+  const long long ct = blockIdx.x % n_ctiles, node = blockIdx.x / n_ctiles;
+  const long long c = (ct * tile_t + vl) * VB;
+  // a lane walks rows_per_lane consecutive rows, or (interleave) every 8th row of the CTA's block
+  const long long r0 = interleave ? node * 8 * rows_per_lane + lane : (node * 8 + lane) * rows_per_lane;
+  const long long row_bytes_ = row_bytes;
+  row_bytes *= interleave ? 8 : 1;  // from here: the lane's row step in bytes
+  if (c >= row_bytes_ || r0 >= S) return;
+  const int n = (int)rows_per_lane;  // S a multiple of 8 * rows_per_lane
+  const char* px = x + r0 * row_bytes_ + c;
+  const char* pd = dy + r0 * row_bytes_ + c;
+  char* po = out + r0 * row_bytes_ + c;
+  if (MODE == 0) {
+    V xa[AHEAD], da[AHEAD], xb[AHEAD], db[AHEAD];
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i) {
+      xa[i] = *reinterpret_cast<const V*>(px + i * row_bytes);
+      da[i] = *reinterpret_cast<const V*>(pd + i * row_bytes);
+    }
+    for (int j = 0; j < n; j += 2 * AHEAD) {
+#pragma unroll
+      for (int i = 0; i < AHEAD; ++i) {
+        xb[i] = *reinterpret_cast<const V*>(px + (j + AHEAD + i) * row_bytes);
+        db[i] = *reinterpret_cast<const V*>(pd + (j + AHEAD + i) * row_bytes);
+      }
+#pragma unroll
+      for (int i = 0; i < AHEAD; ++i) *reinterpret_cast<V*>(po + (j + i) * row_bytes) = mix(xa[i], da[i]);
+      if (j + 2 * AHEAD < n) {
+#pragma unroll
+        for (int i = 0; i < AHEAD; ++i) {
+          xa[i] = *reinterpret_cast<const V*>(px + (j + 2 * AHEAD + i) * row_bytes);
+          da[i] = *reinterpret_cast<const V*>(pd + (j + 2 * AHEAD + i) * row_bytes);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < AHEAD; ++i)
+        *reinterpret_cast<V*>(po + (j + AHEAD + i) * row_bytes) = mix(xb[i], db[i]);
+    }
+  } else {
+    constexpr int STAGES = AHEAD + 1, PITCH = 2 * STAGES + 1;  // odd: a warp's slices in distinct banks
+    const unsigned int mine = (unsigned int)__cvta_generic_to_shared(smem) + threadIdx.x * PITCH * VB;
+    const V* me = reinterpret_cast<const V*>(smem + threadIdx.x * PITCH * VB);
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i) {
+      copy_async<VB>(mine + (2 * i) * VB, px + i * row_bytes);
+      copy_async<VB>(mine + (2 * i + 1) * VB, pd + i * row_bytes);
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    for (int j0 = 0; j0 < n; j0 += STAGES) {
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s) {  // stage s holds row j0 + s
+        const int j = j0 + s;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(AHEAD - 1) : "memory");
+        const V a = me[2 * s], b = me[2 * s + 1];
+        const int q = j + AHEAD, qs = (s + AHEAD) % STAGES;
+        if (q < n) {
+          copy_async<VB>(mine + (2 * qs) * VB, px + q * row_bytes);
+          copy_async<VB>(mine + (2 * qs + 1) * VB, pd + q * row_bytes);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if (j < n) *reinterpret_cast<V*>(po + j * row_bytes) = mix(a, b);
+      }
+    }
+  }
+}
+"""
+
+# vec bytes, mode (0: ldg, 1: async), rows ahead
+NAMES = [f"walk<{vb}, {m}, {a}>" for vb in (8, 16) for m in (0, 1) for a in (2, 4, 8)]
+SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
+CTA_RESERVED = 1024
+
+
+def main(shapes: list[str]) -> None:
+    import cupy
+    import numpy as np
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # cupy.cuda.ExternalStream
+    dev = torch.device("cuda")
+    timer = Timer(dev, reps=int(os.environ.get("REPS", "15")), warmup=2, graph=True)
+    med = lambda f: round(statistics.median(timer(f)), 2)  # noqa: E731
+    names = NAMES
+    kept = os.environ.get("KERNELS", "8/0/2 8/0/4 8/1/4 8/1/8 16/0/2").split()  # vec/mode/ahead
+    ROWS = [int(r) for r in os.environ.get("ROWS", "256 32").split()]  # rows per lane
+    TILES = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]  # threads per lane
+    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for shape in shapes:
+        S, C = (int(v) for v in shape.split(":"))
+        g = torch.Generator(device=dev).manual_seed(0)
+        x, dy = (torch.randn(S, C, device=dev, generator=g).to(torch.bfloat16) for _ in range(2))
+        out = torch.empty_like(x)
+        ref = (x.view(torch.int16) ^ dy.view(torch.int16)).view(torch.bfloat16)
+        row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out))}
+        configs = [(name, rows, tile_t, inter) for name in names for rows in ROWS
+                   for tile_t in TILES for inter in (0, 1)]
+        for name, rows, tile_t, inter in configs:
+            vb, mode, ahead = (int(v) for v in name[5:-1].split(","))
+            if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % (tile_t * vb) or tile_t * 8 > 1024 \
+                    or (inter and (rows < 256 or not int(os.environ.get("INTERLEAVE", "1")))):
+                continue  # tiles cover the row exactly
+            kern = mod.get_function(name)
+            block = 8 * tile_t
+            n_ctiles = C * 2 // (tile_t * vb)
+            grid = S // (8 * rows) * n_ctiles
+            ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
+            fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
+            for ctas in sorted({fit, 512 // block} & set(range(1, fit + 1))):  # as many as fit; 16 warps
+                smem = max(ring, SM_SMEM // ctas - CTA_RESERVED)
+                if ring + CTA_RESERVED > SM_SMEM // ctas:
+                    continue  # that many CTAs do not fit
+                kern.max_dynamic_shared_size_bytes = smem
+                args = (np.uint64(x.data_ptr()), np.uint64(dy.data_ptr()), np.uint64(out.data_ptr()),
+                        np.int64(S), np.int64(C * 2), np.int64(rows), np.int64(n_ctiles), np.int64(tile_t),
+                        np.int64(inter))
+
+                def launch() -> None:
+                    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                        kern((grid,), (block,), args, shared_mem=smem)
+
+                out.zero_()
+                launch()
+                torch.cuda.synchronize()
+                key = f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}"
+                ok = torch.equal(out.view(torch.int16), ref.view(torch.int16))
+                t = med(launch)
+                row[key] = t if ok else f"WRONG {t}"
+        row["sms"] = sms
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
