@@ -151,12 +151,12 @@ def main(shapes: list[str]) -> None:
                    for tile_t in TILES for inter in (0, 1)]
         for name, rows, tile_t, inter in configs:
             vb, mode, ahead = (int(v) for v in name[5:-1].split(","))
-            if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % (tile_t * vb) or tile_t * 8 > 1024 \
+            if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % vb or tile_t * 8 > 1024 \
                     or (inter and (rows < 256 or not int(os.environ.get("INTERLEAVE", "1")))):
-                continue  # tiles cover the row exactly
+                continue
             kern = mod.get_function(name)
             block = 8 * tile_t
-            n_ctiles = C * 2 // (tile_t * vb)
+            n_ctiles = -(-C * 2 // (tile_t * vb))  # the last tile may have idle threads
             grid = S // (8 * rows) * n_ctiles
             ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
             fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
