@@ -3,7 +3,7 @@ two [S, C] bf16 tensors and writes a third (out = x ^ dy, bitwise; no math), wit
 geometry (CTAs of 8 lanes x 32 threads, each lane walking ROWS consecutive rows of one channel
 tile), over the ways a thread can move its bytes:
 
-  vec     8 or 16 bytes per thread per access
+  vec     4, 8 or 16 bytes per thread per access
   mode    ldg:   plain loads into a double-buffered register ring of AHEAD rows
           async: cp.async into the thread's own shared-memory ring of AHEAD + 1 rows (as
                  kernels/common.cuh's RowPipe; .ca for 8 bytes, .cg for 16), one group per row
@@ -33,8 +33,10 @@ from conv1d_silu.bench import Timer  # noqa: E402
 
 SOURCE = r"""
 template <int VB> struct Vt;
+template <> struct Vt<4> { using type = unsigned int; };
 template <> struct Vt<8> { using type = uint2; };
 template <> struct Vt<16> { using type = uint4; };
+__device__ __forceinline__ unsigned int mix(unsigned int a, unsigned int b) { return a ^ b; }
 __device__ __forceinline__ uint2 mix(uint2 a, uint2 b) { return make_uint2(a.x ^ b.x, a.y ^ b.y); }
 __device__ __forceinline__ uint4 mix(uint4 a, uint4 b) {
   return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
@@ -43,7 +45,7 @@ template <int VB> __device__ __forceinline__ void copy_async(unsigned int dst, c
   if (VB == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(VB) : "memory");
 }
 
 // MODE 0: register ring; MODE 1: cp.async ring. Rows per lane a multiple of 2 * AHEAD.
@@ -121,7 +123,7 @@ __global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, ch
 """
 
 # vec bytes, mode (0: ldg, 1: async), rows ahead
-NAMES = [f"walk<{vb}, {m}, {a}>" for vb in (8, 16) for m in (0, 1) for a in (2, 4, 8)]
+NAMES = [f"walk<{vb}, {m}, {a}>" for vb in (4, 8, 16) for m in (0, 1) for a in (2, 4, 8)]
 SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
 CTA_RESERVED = 1024
 
@@ -160,7 +162,8 @@ def main(shapes: list[str]) -> None:
             grid = S // (8 * rows) * n_ctiles
             ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
             fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
-            for ctas in sorted({fit, 512 // block} & set(range(1, fit + 1))):  # as many as fit; 16 warps
+            # as many as fit; 16 and 32 warps per SM
+            for ctas in sorted({fit, 512 // block, 1024 // block} & set(range(1, fit + 1))):
                 smem = max(ring, SM_SMEM // ctas - CTA_RESERVED)
                 if ring + CTA_RESERVED > SM_SMEM // ctas:
                     continue  # that many CTAs do not fit
