@@ -81,3 +81,79 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
                     assert all(torch.equal(a, b) for a, b in zip(got, first[S, C, program])), (S, C, program)
                 bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
                 assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 fused multiply-add, exactly: a * b + c in float64 is exact for these operands (at most
+    12-bit mantissas, magnitudes within 2^25 of each other), so one rounding to float32 is the FMA's."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def canonical_dweight_dbias(x: torch.Tensor, dy: torch.Tensor, K: int, starts: list[int]):
+    """dweight (C, K) and dbias (C,) of the identity activation (g = dy) by DESIGN.md section 4,
+    written independently of the kernels: fp32 slab partials of SLAB tokens, each accumulated in
+    token order with FMAs, then a tree of fan-in FAN over the slabs in index order (children added
+    one after another, missing children as +0) up to the root level of gpu.tree_shape."""
+    from conv1d_silu.gpu import FAN, SLAB, tree_shape
+
+    S, C = x.shape
+    doc = torch.zeros(S, dtype=torch.long)
+    for s in starts[1:-1]:
+        doc[s:] += 1
+    xf, g = x.float(), dy.float()
+    n_slabs = -(-S // SLAB)
+    acc = torch.zeros(n_slabs, K + 1, C)  # [slab][tap k | bias][channel]
+    for i in range(SLAB):
+        t = torch.arange(n_slabs) * SLAB + i
+        own = t < S
+        tc = t.clamp(max=S - 1)
+        for k in range(K):
+            src = tc - (K - 1) + k  # window row k of token t: same document only, zeros before
+            ok = (src >= 0) & (doc[src.clamp(min=0)] == doc[tc])
+            xv = torch.where(ok[:, None], xf[src.clamp(min=0)], torch.zeros(()))
+            acc[:, k] = torch.where(own[:, None], _fma32(g[tc], xv, acc[:, k]), acc[:, k])
+        acc[:, K] = torch.where(own[:, None], (acc[:, K].double() + g[tc].double()).float(), acc[:, K])
+    root, sizes = tree_shape(S)
+    level = acc
+    for n in sizes[1:]:
+        kids = torch.zeros(n * FAN, K + 1, C)
+        kids[: level.shape[0]] = level
+        kids = kids.view(n, FAN, K + 1, C)
+        level = kids[:, 0].clone()
+        for j in range(1, FAN):
+            level = level + kids[:, j]
+    return level[0, :K].T.contiguous(), level[0, K].contiguous()
+
+
+CANONICAL = [
+    dict(S=2600, C=24, K=4, starts=None),  # 82 slabs: three tree levels, partial nodes at each
+    dict(S=700, C=264, K=4, starts=None),  # several channel tiles, the last one partly idle
+    dict(S=3000, C=40, K=3, starts=[0, 5, 700, 701, 2222, 3000]),  # documents
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", range(len(CANONICAL)))
+def test_dweight_and_dbias_are_the_canonical_reduction(kernel_backend, shape, dtype):
+    """Every backward program's fp32 dweight / dbias has exactly the bits of the canonical
+    reduction computed by an independent model (identity activation, so g = dy exactly). In fp32
+    the inputs carry 12-bit mantissas, so a slab's running sum rounds at most steps and the token
+    order inside a slab shows in the bits as the tree's order does."""
+    S, C, K, starts = (CANONICAL[shape][k] for k in ("S", "C", "K", "starts"))
+    gen = torch.Generator().manual_seed(shape)
+
+    def away_from_zero(*size):  # magnitudes >= 0.25, mantissas of <= 12 bits: the FMAs are exact in fp64
+        v = torch.randn(*size, generator=gen)
+        m, e = torch.frexp(v.sign() * (v.abs() + 0.25))
+        return torch.ldexp(torch.round(m * 4096) / 4096, e.float()).to(dtype)
+
+    x, dy = away_from_zero(S, C), away_from_zero(S, C)
+    w, b = away_from_zero(C, K).float(), away_from_zero(C).float()  # fp32 master weights: fp32 grads
+    want_w, want_b = canonical_dweight_dbias(x, dy, K, starts or [0, S])
+    dev = kernel_backend.device
+    kw = {"cu_seqlens": torch.tensor(starts, dtype=torch.int32, device=dev)} if starts else {}
+    for name in BWD_PROGRAMS:
+        xs, ws, bs = (t.to(dev, copy=True).requires_grad_() for t in (x, w, b))
+        causal_conv1d_silu(xs, ws, bs, activation=None, program=name, **kw).backward(dy.to(dev))
+        assert torch.equal(ws.grad.cpu(), want_w), name
+        assert torch.equal(bs.grad.cpu(), want_b), name
