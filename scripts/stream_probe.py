@@ -1,19 +1,23 @@
 """What the backward's access pattern can reach, without the backward: a probe kernel that reads
-two [S, C] bf16 tensors and writes a third (out = x ^ dy, bitwise; no math), with the backward's
-geometry (CTAs of 8 lanes x 32 threads, each lane walking ROWS consecutive rows of one channel
-tile), over the ways a thread can move its bytes:
+two [S, C] bf16 tensors and writes a third (out = x ^ dy, bitwise, checked; no math), with the
+backward's geometry (CTAs of 8 lanes x t threads, each lane walking `rows` consecutive rows of one
+channel tile), over the ways a thread can move its bytes:
 
   vec     4, 8 or 16 bytes per thread per access
   mode    ldg:   plain loads into a double-buffered register ring of AHEAD rows
           async: cp.async into the thread's own shared-memory ring of AHEAD + 1 rows (as
-                 kernels/common.cuh's RowPipe; .ca for 8 bytes, .cg for 16), one group per row
+                 kernels/common.cuh's RowPipe; .ca below 16 bytes, .cg at 16), one group per row
   ahead   rows in flight per thread
-  ctas    CTAs per SM, set by padding the dynamic shared memory (registers permitting)
+  ctas    CTAs per SM: as many as fit, and those giving 16 and 32 warps per SM (set by padding
+          the dynamic shared memory)
 
 against torch.add of the same tensors. Graph replays, cold L2, medians, µs; one JSON line per
-shape (docs/performance.md v13).
+shape, keys vec/mode/ahead/rows/tile/ctas (docs/performance.md v13).
 
-    python3 scripts/stream_probe.py S:C ...
+    KERNELS="8/1/4 8/1/8" ROWS="256 32" TILES="32 96" INTERLEAVE=0 python3 scripts/stream_probe.py S:C ...
+
+KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 x rows); TILES:
+threads per lane; INTERLEAVE=1 also runs 256-row lanes that take every 8th row of the CTA's block.
 """
 
 from __future__ import annotations
@@ -136,11 +140,11 @@ def main(shapes: list[str]) -> None:
     dev = torch.device("cuda")
     timer = Timer(dev, reps=int(os.environ.get("REPS", "15")), warmup=2, graph=True)
     med = lambda f: round(statistics.median(timer(f)), 2)  # noqa: E731
-    names = NAMES
-    kept = os.environ.get("KERNELS", "8/0/2 8/0/4 8/1/4 8/1/8 16/0/2").split()  # vec/mode/ahead
-    ROWS = [int(r) for r in os.environ.get("ROWS", "256 32").split()]  # rows per lane
-    TILES = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]  # threads per lane
-    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+    kept = os.environ.get("KERNELS", "8/0/2 8/0/4 8/1/4 8/1/8 16/0/2").split()
+    lane_rows = [int(r) for r in os.environ.get("ROWS", "256 32").split()]
+    tiles = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]
+    interleave = (0, 1) if int(os.environ.get("INTERLEAVE", "1")) else (0,)
+    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=NAMES)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for shape in shapes:
         S, C = (int(v) for v in shape.split(":"))
@@ -149,13 +153,13 @@ def main(shapes: list[str]) -> None:
         out = torch.empty_like(x)
         ref = (x.view(torch.int16) ^ dy.view(torch.int16)).view(torch.bfloat16)
         row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out))}
-        configs = [(name, rows, tile_t, inter) for name in names for rows in ROWS
-                   for tile_t in TILES for inter in (0, 1)]
+        configs = [(name, rows, tile_t, inter) for name in NAMES for rows in lane_rows
+                   for tile_t in tiles for inter in interleave]
         for name, rows, tile_t, inter in configs:
             vb, mode, ahead = (int(v) for v in name[5:-1].split(","))
-            if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % vb or tile_t * 8 > 1024 \
-                    or (inter and (rows < 256 or not int(os.environ.get("INTERLEAVE", "1")))):
-                continue
+            if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % vb or tile_t * 8 > 1024 or (inter and rows < 256) \
+                    or (mode == 0 and rows % (2 * ahead)) or S % (8 * rows):
+                continue  # the register ring reads 2 x ahead rows at a time
             kern = mod.get_function(name)
             block = 8 * tile_t
             n_ctiles = -(-C * 2 // (tile_t * vb))  # the last tile may have idle threads
