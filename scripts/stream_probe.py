@@ -17,7 +17,8 @@ shape, keys vec/mode/ahead/rows/tile/ctas (docs/performance.md v13).
     KERNELS="8/1/4 8/1/8" ROWS="256 32" TILES="32 96" INTERLEAVE=0 python3 scripts/stream_probe.py S:C ...
 
 KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 x rows); TILES:
-threads per lane; INTERLEAVE=1 also runs 256-row lanes that take every 8th row of the CTA's block.
+threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
+8th row of the CTA's block.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ def main(shapes: list[str]) -> None:
             grid = S // (8 * rows) * n_ctiles
             ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
             fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
-            # as many as fit; 16 and 32 warps per SM
-            for ctas in sorted({fit, 512 // block, 1024 // block} & set(range(1, fit + 1))):
+            # as many as fit, 16 and 32 warps per SM (or CTAS="1 2 3 ...")
+            wanted = {int(n) for n in os.environ.get("CTAS", "").split()} or {fit, 512 // block, 1024 // block}
+            for ctas in sorted(wanted & set(range(1, fit + 1))):
                 smem = max(ring, SM_SMEM // ctas - CTA_RESERVED)
                 if ring + CTA_RESERVED > SM_SMEM // ctas:
                     continue  # that many CTAs do not fit
