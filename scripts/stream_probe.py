@@ -18,12 +18,13 @@ shape, keys vec/mode/ahead/rows/tile/ctas (docs/performance.md v13).
 
 KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 x rows); TILES:
 threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
-8th row of the CTA's block.
+8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -57,11 +58,12 @@ template <int VB> __device__ __forceinline__ void copy_async(unsigned int dst, c
 template <int VB, int MODE, int AHEAD>
 __global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, char* __restrict__ out,
                      long long S, long long row_bytes, long long rows_per_lane, long long n_ctiles,
-                     long long tile_t, long long interleave) {
+                     long long tile_t, long long interleave, long long perm) {
   using V = typename Vt<VB>::type;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x / (int)tile_t, vl = threadIdx.x % (int)tile_t;
-  const long long ct = blockIdx.x % n_ctiles, node = blockIdx.x / n_ctiles;
+  const long long unit = (long long)blockIdx.x * perm % gridDim.x;  // perm coprime to the grid
+  const long long ct = unit % n_ctiles, node = unit / n_ctiles;
   const long long c = (ct * tile_t + vl) * VB;
   // a lane walks rows_per_lane consecutive rows, or (interleave) every 8th row of the CTA's block
   const long long r0 = interleave ? node * 8 * rows_per_lane + lane : (node * 8 + lane) * rows_per_lane;
@@ -145,6 +147,7 @@ def main(shapes: list[str]) -> None:
     lane_rows = [int(r) for r in os.environ.get("ROWS", "256 32").split()]
     tiles = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]
     interleave = (0, 1) if int(os.environ.get("INTERLEAVE", "1")) else (0,)
+    perms = [int(p) for p in os.environ.get("PERM", "1").split()]  # unit order: blockIdx * PERM mod grid
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=NAMES)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for shape in shapes:
@@ -154,9 +157,9 @@ def main(shapes: list[str]) -> None:
         out = torch.empty_like(x)
         ref = (x.view(torch.int16) ^ dy.view(torch.int16)).view(torch.bfloat16)
         row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out))}
-        configs = [(name, rows, tile_t, inter) for name in NAMES for rows in lane_rows
-                   for tile_t in tiles for inter in interleave]
-        for name, rows, tile_t, inter in configs:
+        configs = [(name, rows, tile_t, inter, perm) for name in NAMES for rows in lane_rows
+                   for tile_t in tiles for inter in interleave for perm in perms]
+        for name, rows, tile_t, inter, perm in configs:
             vb, mode, ahead = (int(v) for v in name[5:-1].split(","))
             if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % vb or tile_t * 8 > 1024 or (inter and rows < 256) \
                     or (mode == 0 and rows % (2 * ahead)) or S % (8 * rows):
@@ -165,6 +168,8 @@ def main(shapes: list[str]) -> None:
             block = 8 * tile_t
             n_ctiles = -(-C * 2 // (tile_t * vb))  # the last tile may have idle threads
             grid = S // (8 * rows) * n_ctiles
+            if math.gcd(perm, grid) != 1:
+                continue
             ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
             fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
             # as many as fit, 16 and 32 warps per SM (or CTAS="1 2 3 ...")
@@ -176,7 +181,7 @@ def main(shapes: list[str]) -> None:
                 kern.max_dynamic_shared_size_bytes = smem
                 args = (np.uint64(x.data_ptr()), np.uint64(dy.data_ptr()), np.uint64(out.data_ptr()),
                         np.int64(S), np.int64(C * 2), np.int64(rows), np.int64(n_ctiles), np.int64(tile_t),
-                        np.int64(inter))
+                        np.int64(inter), np.int64(perm))
 
                 def launch() -> None:
                     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
@@ -185,7 +190,7 @@ def main(shapes: list[str]) -> None:
                 out.zero_()
                 launch()
                 torch.cuda.synchronize()
-                key = f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}"
+                key = f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}" + (f"/p{perm}" if perm != 1 else "")
                 ok = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 t = med(launch)
                 row[key] = t if ok else f"WRONG {t}"
