@@ -129,7 +129,7 @@ CANONICAL = [
     dict(S=2600, C=24, K=4, starts=None),  # 82 slabs: three tree levels, partial nodes at each
     dict(S=700, C=264, K=4, starts=None),  # several channel tiles, the last one partly idle
     dict(S=3000, C=40, K=3, starts=[0, 5, 700, 701, 2222, 3000]),  # documents
-    dict(S=70000, C=8, K=4, starts=None),  # 2188 slabs: four levels, climbs of one and two levels
+    dict(S=70000, C=8, K=4, starts=None),  # 2188 slabs: four tree levels
     dict(S=600000, C=4, K=2, starts=None),  # 18750 slabs: five levels
 ]
 

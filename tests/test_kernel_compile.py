@@ -180,7 +180,7 @@ def test_ab_experiment_host_variants(monkeypatch):
 
 
 def test_stream_probe_compiles():
-    """scripts/stream_probe.py's kernel (the access-pattern floor of docs/performance.md v13) still
+    """scripts/stream_probe.py's kernel (the access-pattern probe of docs/performance.md v13) still
     compiles, every instance."""
     if NVRTC is None or 90 not in NVRTC_ARCHS:
         pytest.skip("needs NVRTC with sm_90")
