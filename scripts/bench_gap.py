@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import bench, causal_conv1d_silu, ops, routes  # noqa: E402
-from conv1d_silu.tune import _setup  # noqa: E402
+from conv1d_silu import bench, causal_conv1d_silu, routes  # noqa: E402
+from conv1d_silu.tune import _call, _setup  # noqa: E402
 
 
 def tool_tensors(S: int, C: int, dev: torch.device):
@@ -66,7 +66,7 @@ def placement(step: str, mine, timer: bench.Timer, S: int, C: int) -> None:
     bwd_routed = routes.select("sm_90", "bwd_bias", C, S).name
     wd, bd = w.detach(), b.detach()
     ours += [
-        (p, lambda p=p: got.append(ops.backward_impl(dy, xd, wd, bd, doc, None, None, True, gd, p)[0]))
+        (p, lambda p=p: got.append(_call("bwd_bias", p, xd, dy, wd, bd, doc, gd)[0]))
         for p in BWD_PROGRAMS + ([bwd_routed] if bwd_routed not in BWD_PROGRAMS else [])
     ]
     row["bwd_routed"] = bwd_routed

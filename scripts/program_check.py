@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conv1d_silu import gpu, ops, runtime  # noqa: E402
-from conv1d_silu.tune import _setup  # noqa: E402
+from conv1d_silu.tune import _call, _setup  # noqa: E402
 
 
 def main(program: str, shapes: list[str]) -> None:
@@ -23,8 +23,8 @@ def main(program: str, shapes: list[str]) -> None:
     for shape in shapes or ["4096:384", "262144:384", "1000:264"]:
         S, C = (int(v) for v in shape.split(":"))
         x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
-        ref = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, "rowgroup")
-        got, launch = _with_launch(lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program))
+        ref = _call("bwd_bias", "rowgroup", x, dy, w, b, doc, gd)
+        got, launch = _with_launch(lambda: _call("bwd_bias", program, x, dy, w, b, doc, gd))
         same = [torch.equal(a, c) for a, c in zip(got[:3], ref[:3])]
         index = torch.cuda.current_device()
         fn = runtime.function(launch.source, launch.kernel, index)

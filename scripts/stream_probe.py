@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu.bench import Timer  # noqa: E402
+from conv1d_silu.bench import Timer, shape_inputs  # noqa: E402
 
 SOURCE = r"""
 template <int VB> struct Vt;
@@ -152,8 +152,8 @@ def main(shapes: list[str]) -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for shape in shapes:
         S, C = (int(v) for v in shape.split(":"))
-        g = torch.Generator(device=dev).manual_seed(0)
-        x, dy = (torch.randn(S, C, device=dev, generator=g).to(torch.bfloat16) for _ in range(2))
+        x, _, _, dy = shape_inputs(S, C, 4, torch.bfloat16, dev)
+        x = x.detach()
         out = torch.empty_like(x)
         ref = (x.view(torch.int16) ^ dy.view(torch.int16)).view(torch.bfloat16)
         row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out))}
