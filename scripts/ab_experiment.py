@@ -1,6 +1,7 @@
 """A/B experiments in one process: backward / forward graph-replay times (cold L2, medians) of
 kernel-source variants (text patches of conv1d_silu_bwd.cu, see VARIANTS) and channel-tile sizes,
-bf16, K = 4, bias, against PyTorch's add / copy of the same shape.
+bf16, K = 4, bias, against PyTorch's add / copy of the same shape; CTAS pins the resident
+CTA count of the backward.
 
     python3 scripts/ab_experiment.py S:C ...
 """
@@ -112,6 +113,22 @@ def _name(base: str, tiles: int, align: int) -> str:
     return f"{base}_t{tiles}" + (f"_a{align}" if align else "")
 
 
+SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB); each CTA reserves 1 KiB more
+_plan = gpu.backward_plan
+
+
+def pin_ctas(ctas: int) -> None:
+    """CTAS="4 5": the backward's dynamic shared memory padded so that at most that many CTAs fit
+    per SM (0: the kernel's own count). Does the resident CTA count itself move the real kernel, as
+    5 and 7 move the stream probe (docs/performance.md v13)?"""
+    def padded(*args):
+        plan = _plan(*args)
+        return dataclasses.replace(plan, smem=max(plan.smem, SM_SMEM // ctas - 1024))
+
+    gpu.backward_plan = padded if ctas else _plan
+    runtime._smem_raised.clear()
+
+
 def main(shapes: list[str]) -> None:
     dev = torch.device("cuda")
     timer = Timer(dev, reps=int(os.environ.get("REPS", "25")), warmup=2, graph=True)
@@ -121,6 +138,7 @@ def main(shapes: list[str]) -> None:
     aligns = [int(a) for a in os.environ.get("ALIGNS", "0").split()]
     tile_keys = [(tv, al) for tv in tiles for al in aligns]
     variants = os.environ.get("VARIANTS", "base").split()
+    cta_counts = [int(n) for n in os.environ.get("CTAS", "0").split()]
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
     # ROW_PAD="0 64": also read x and dy as column slices of buffers whose rows are padded to a multiple
@@ -145,15 +163,17 @@ def main(shapes: list[str]) -> None:
         ref = None
         for v in variants:
             use_variant(v)
-            for base in bwd_progs:
-                for tv, al in tile_keys:
-                    name = _name(base, tv, al)
-                    call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, name)  # noqa: E731
-                    got = call()
-                    if ref is None:
-                        ref = got
-                    same = all(torch.equal(a, c) for a, c in zip(got[:3], ref[:3]))
-                    row[f"{v}/{name}"] = med(call) if same else f"BITS DIFFER {med(call)}"
+            for base, (tv, al), ctas in [(p, k, n) for p in bwd_progs for k in tile_keys for n in cta_counts]:
+                name = _name(base, tv, al)
+                pin_ctas(ctas)
+                call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, name)  # noqa: E731
+                got = call()
+                if ref is None:
+                    ref = got
+                same = all(torch.equal(a, c) for a, c in zip(got[:3], ref[:3]))
+                key = f"{v}/{name}" + (f"/cta{ctas}" if ctas else "")
+                row[key] = med(call) if same else f"BITS DIFFER {med(call)}"
+            pin_ctas(0)
             for base in fwd_progs:
                 for tv, al in tile_keys:
                     name = _name(base, tv, al)
