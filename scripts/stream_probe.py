@@ -18,7 +18,8 @@ shape, keys vec/mode/ahead/rows/tile/ctas (docs/performance.md v13).
 
 KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 x rows); TILES:
 threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
-8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime).
+8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime);
+TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM).
 """
 
 from __future__ import annotations
@@ -54,26 +55,17 @@ template <int VB> __device__ __forceinline__ void copy_async(unsigned int dst, c
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(VB) : "memory");
 }
 
-// MODE 0: register ring; MODE 1: cp.async ring. Rows per lane a multiple of 2 * AHEAD.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One lane's walk over n rows (row_bytes apart). MODE 0: register ring; MODE 1: cp.async ring.
+// Rows per lane a multiple of 2 * AHEAD for MODE 0.
 template <int VB, int MODE, int AHEAD>
-__global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, char* __restrict__ out,
-                     long long S, long long row_bytes, long long rows_per_lane, long long n_ctiles,
-                     long long tile_t, long long interleave, long long perm) {
+__device__ __forceinline__ void walk_lane(const char* px, const char* pd, char* po, long long row_bytes, int n, unsigned char* smem) {
   using V = typename Vt<VB>::type;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int lane = threadIdx.x / (int)tile_t, vl = threadIdx.x % (int)tile_t;
-  const long long unit = (long long)blockIdx.x * perm % gridDim.x;  // perm coprime to the grid
-  const long long ct = unit % n_ctiles, node = unit / n_ctiles;
-  const long long c = (ct * tile_t + vl) * VB;
-  // a lane walks rows_per_lane consecutive rows, or (interleave) every 8th row of the CTA's block
-  const long long r0 = interleave ? node * 8 * rows_per_lane + lane : (node * 8 + lane) * rows_per_lane;
-  const long long row_bytes_ = row_bytes;
-  row_bytes *= interleave ? 8 : 1;  // from here: the lane's row step in bytes
-  if (c >= row_bytes_ || r0 >= S) return;
-  const int n = (int)rows_per_lane;  // S a multiple of 8 * rows_per_lane
-  const char* px = x + r0 * row_bytes_ + c;
-  const char* pd = dy + r0 * row_bytes_ + c;
-  char* po = out + r0 * row_bytes_ + c;
   if (MODE == 0) {
     V xa[AHEAD], da[AHEAD], xb[AHEAD], db[AHEAD];
 #pragma unroll
@@ -127,12 +119,55 @@ __global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, ch
     }
   }
 }
+
+// trace (optional): per CTA its start and end (%globaltimer, ns) and SM id.
+template <int VB, int MODE, int AHEAD>
+__global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, char* __restrict__ out,
+                     long long S, long long row_bytes, long long rows_per_lane, long long n_ctiles,
+                     long long tile_t, long long interleave, long long perm, unsigned long long* trace) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (trace && threadIdx.x == 0) trace[3 * blockIdx.x] = global_ns();
+  const int lane = threadIdx.x / (int)tile_t, vl = threadIdx.x % (int)tile_t;
+  const long long unit = (long long)blockIdx.x * perm % gridDim.x;  // perm coprime to the grid
+  const long long ct = unit % n_ctiles, node = unit / n_ctiles;
+  const long long c = (ct * tile_t + vl) * VB;
+  // a lane walks rows_per_lane consecutive rows, or (interleave) every 8th row of the CTA's block
+  const long long r0 = interleave ? node * 8 * rows_per_lane + lane : (node * 8 + lane) * rows_per_lane;
+  if (c < row_bytes && r0 < S)  // S a multiple of 8 * rows_per_lane
+    walk_lane<VB, MODE, AHEAD>(x + r0 * row_bytes + c, dy + r0 * row_bytes + c, out + r0 * row_bytes + c,
+                               row_bytes * (interleave ? 8 : 1), (int)rows_per_lane, smem);
+  if (trace) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned int sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      trace[3 * blockIdx.x + 1] = global_ns();
+      trace[3 * blockIdx.x + 2] = sm;
+    }
+  }
+}
 """
 
 # vec bytes, mode (0: ldg, 1: async), rows ahead
 NAMES = [f"walk<{vb}, {m}, {a}>" for vb in (4, 8, 16) for m in (0, 1) for a in (2, 4, 8)]
 SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
 CTA_RESERVED = 1024
+
+
+def trace_summary(launch, grid: int, sms: int, timer: Timer) -> dict:
+    """One cold-L2 launch with per-CTA %globaltimer stamps: unit durations (q10 / q50 / q90, µs),
+    the span, and the busiest and idlest SM's summed unit time, which show whether a slow
+    configuration has slow units everywhere or slow SMs."""
+    trace = torch.zeros(grid, 3, dtype=torch.int64, device="cuda")
+    timer._flush()
+    launch(trace)
+    torch.cuda.synchronize()
+    start, end, sm = trace.cpu().unbind(1)
+    dur = (end - start).double() / 1e3
+    busy = torch.zeros(sms, dtype=torch.float64).index_add_(0, sm, dur)
+    q = torch.quantile(dur, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    return {"unit_us": [round(v, 2) for v in q], "span_us": round((end.max() - start.min()).item() / 1e3, 1),
+            "sm_busy_us": [round(busy.min().item(), 1), round(busy.max().item(), 1)]}
 
 
 def main(shapes: list[str]) -> None:
@@ -148,6 +183,7 @@ def main(shapes: list[str]) -> None:
     tiles = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]
     interleave = (0, 1) if int(os.environ.get("INTERLEAVE", "1")) else (0,)
     perms = [int(p) for p in os.environ.get("PERM", "1").split()]  # unit order: blockIdx * PERM mod grid
+    tracing = bool(int(os.environ.get("TRACE", "0")))
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=NAMES)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for shape in shapes:
@@ -183,9 +219,10 @@ def main(shapes: list[str]) -> None:
                         np.int64(S), np.int64(C * 2), np.int64(rows), np.int64(n_ctiles), np.int64(tile_t),
                         np.int64(inter), np.int64(perm))
 
-                def launch() -> None:
+                def launch(trace: torch.Tensor | None = None) -> None:
                     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                        kern((grid,), (block,), args, shared_mem=smem)
+                        ptr = np.uint64(0 if trace is None else trace.data_ptr())
+                        kern((grid,), (block,), (*args, ptr), shared_mem=smem)
 
                 out.zero_()
                 launch()
@@ -194,6 +231,8 @@ def main(shapes: list[str]) -> None:
                 ok = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 t = med(launch)
                 row[key] = t if ok else f"WRONG {t}"
+                if tracing:
+                    row[key + "/trace"] = trace_summary(launch, grid, sms, timer)
         row["sms"] = sms
         print(json.dumps(row), flush=True)
 
