@@ -19,7 +19,8 @@ shape, keys vec/mode/ahead/rows/tile/ctas (docs/performance.md v13).
 KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 x rows); TILES:
 threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
 8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime);
-TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM).
+TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM);
+TRACE_DIR keeps the raw stamps there.
 """
 
 from __future__ import annotations
@@ -154,14 +155,17 @@ SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB)
 CTA_RESERVED = 1024
 
 
-def trace_summary(launch, grid: int, sms: int, timer: Timer) -> dict:
+def trace_summary(launch, grid: int, sms: int, timer: Timer, save: str | None = None) -> dict:
     """One cold-L2 launch with per-CTA %globaltimer stamps: unit durations (q10 / q50 / q90, µs),
     the span, and the busiest and idlest SM's summed unit time, which show whether a slow
-    configuration has slow units everywhere or slow SMs."""
+    configuration has slow units everywhere or slow SMs. save: a path for the raw [grid, 3]
+    (start ns, end ns, SM) stamps."""
     trace = torch.zeros(grid, 3, dtype=torch.int64, device="cuda")
     timer._flush()
     launch(trace)
     torch.cuda.synchronize()
+    if save:
+        torch.save(trace.cpu(), save)
     start, end, sm = trace.cpu().unbind(1)
     dur = (end - start).double() / 1e3
     busy = torch.zeros(sms, dtype=torch.float64).index_add_(0, sm, dur)
@@ -232,7 +236,9 @@ def main(shapes: list[str]) -> None:
                 t = med(launch)
                 row[key] = t if ok else f"WRONG {t}"
                 if tracing:
-                    row[key + "/trace"] = trace_summary(launch, grid, sms, timer)
+                    keep = os.environ.get("TRACE_DIR")
+                    save = f"{keep}/{S}x{C}_{key.replace('/', '_')}.pt" if keep else None
+                    row[key + "/trace"] = trace_summary(launch, grid, sms, timer, save)
         row["sms"] = sms
         print(json.dumps(row), flush=True)
 
