@@ -1,7 +1,7 @@
 """A/B experiments in one process: backward / forward graph-replay times (cold L2, medians) of
 kernel-source variants (text patches of conv1d_silu_bwd.cu, see VARIANTS) and channel-tile sizes,
 bf16, K = 4, bias, against PyTorch's add / copy of the same shape; CTAS pins the resident
-CTA count of the backward.
+CTA count of the backward, CARVEOUT its shared-memory / L1 split.
 
     python3 scripts/ab_experiment.py S:C ...
 """
@@ -129,6 +129,20 @@ def pin_ctas(ctas: int) -> None:
     runtime._smem_raised.clear()
 
 
+_prepare = runtime._prepare_smem
+
+
+def set_carveout(percent: int) -> None:
+    """CARVEOUT="-1 58 72": the kernels' preferred shared-memory carveout in percent of the SM's
+    228 KiB (-1: the driver's choice), i.e. how the SM's 256 KiB splits into shared memory and L1,
+    and so how many CTAs fit: does the L1 left beside the shared memory move the time?"""
+    def prepare(fn, smem: int, index: int) -> None:
+        _prepare(fn, smem, index)
+        fn.preferred_shared_memory_carveout = percent
+
+    runtime._prepare_smem = prepare
+
+
 def main(shapes: list[str]) -> None:
     dev = torch.device("cuda")
     timer = Timer(dev, reps=int(os.environ.get("REPS", "25")), warmup=2, graph=True)
@@ -139,6 +153,7 @@ def main(shapes: list[str]) -> None:
     tile_keys = [(tv, al) for tv in tiles for al in aligns]
     variants = os.environ.get("VARIANTS", "base").split()
     cta_counts = [int(n) for n in os.environ.get("CTAS", "0").split()]
+    carveouts = [int(n) for n in os.environ.get("CARVEOUT", "-1").split()]
     bwd_progs = os.environ.get("BWD", "rowgroup_8b rowgroup_long_8b").split()
     fwd_progs = os.environ.get("FWD", "fwd_rows_8b fwd_rows16_8b").split()
     # ROW_PAD="0 64": also read x and dy as column slices of buffers whose rows are padded to a multiple
@@ -163,17 +178,20 @@ def main(shapes: list[str]) -> None:
         ref = None
         for v in variants:
             use_variant(v)
-            for base, (tv, al), ctas in [(p, k, n) for p in bwd_progs for k in tile_keys for n in cta_counts]:
+            cases = [(p, k, n, co) for p in bwd_progs for k in tile_keys for n in cta_counts for co in carveouts]
+            for base, (tv, al), ctas, co in cases:
                 name = _name(base, tv, al)
                 pin_ctas(ctas)
+                set_carveout(co)
                 call = lambda: ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, name)  # noqa: E731
                 got = call()
                 if ref is None:
                     ref = got
                 same = all(torch.equal(a, c) for a, c in zip(got[:3], ref[:3]))
-                key = f"{v}/{name}" + (f"/cta{ctas}" if ctas else "")
+                key = f"{v}/{name}" + (f"/cta{ctas}" if ctas else "") + (f"/co{co}" if co >= 0 else "")
                 row[key] = med(call) if same else f"BITS DIFFER {med(call)}"
             pin_ctas(0)
+            set_carveout(-1)
             for base in fwd_progs:
                 for tv, al in tile_keys:
                     name = _name(base, tv, al)

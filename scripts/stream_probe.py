@@ -20,7 +20,9 @@ KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 
 threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
 8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime);
 TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM);
-TRACE_DIR keeps the raw stamps there.
+TRACE_DIR keeps the raw stamps there; CARVEOUT: preferred shared-memory carveouts (percent) to try.
+Padding rounds up (128 bytes per CTA), so CTAS=5 holds 4 CTAs and CTAS=7 holds 6: the trace's
+"resident" says how many ran at once.
 """
 
 from __future__ import annotations
@@ -170,8 +172,19 @@ def trace_summary(launch, grid: int, sms: int, timer: Timer, save: str | None = 
     dur = (end - start).double() / 1e3
     busy = torch.zeros(sms, dtype=torch.float64).index_add_(0, sm, dur)
     q = torch.quantile(dur, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    # CTAs resident at once on each SM (the most of its units that overlap), min and max over SMs
+    conc = []
+    for s in range(sms):
+        on = sm == s
+        events = sorted([(v, 1) for v in start[on].tolist()] + [(v, -1) for v in end[on].tolist()])
+        live = peak = 0
+        for _, step in events:
+            live += step
+            peak = max(peak, live)
+        conc.append(peak)
     return {"unit_us": [round(v, 2) for v in q], "span_us": round((end.max() - start.min()).item() / 1e3, 1),
-            "sm_busy_us": [round(busy.min().item(), 1), round(busy.max().item(), 1)]}
+            "sm_busy_us": [round(busy.min().item(), 1), round(busy.max().item(), 1)],
+            "resident": [min(conc), max(conc)]}
 
 
 def main(shapes: list[str]) -> None:
@@ -188,6 +201,9 @@ def main(shapes: list[str]) -> None:
     interleave = (0, 1) if int(os.environ.get("INTERLEAVE", "1")) else (0,)
     perms = [int(p) for p in os.environ.get("PERM", "1").split()]  # unit order: blockIdx * PERM mod grid
     tracing = bool(int(os.environ.get("TRACE", "0")))
+    # preferred shared-memory carveout, percent of 228 KiB (-1: the driver's choice; the rest of the
+    # SM's 256 KiB is L1)
+    carveouts = [int(c) for c in os.environ.get("CARVEOUT", "-1").split()]
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=NAMES)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for shape in shapes:
@@ -213,12 +229,14 @@ def main(shapes: list[str]) -> None:
             ring = block * (2 * (ahead + 1) + 1) * vb if mode == 1 else 0
             fit = min(65536 // (block * max(kern.num_regs, 1)), 2048 // block)
             # as many as fit, 16 and 32 warps per SM (or CTAS="1 2 3 ...")
+            # (0: no padding, the ring only; CARVEOUT then sets how many fit and how much L1 is left)
             wanted = {int(n) for n in os.environ.get("CTAS", "").split()} or {fit, 512 // block, 1024 // block}
-            for ctas in sorted(wanted & set(range(1, fit + 1))):
-                smem = max(ring, SM_SMEM // ctas - CTA_RESERVED)
-                if ring + CTA_RESERVED > SM_SMEM // ctas:
+            for ctas, co in [(n, co) for n in sorted(wanted & set(range(0, fit + 1))) for co in carveouts]:
+                smem = max(ring, SM_SMEM // ctas - CTA_RESERVED) if ctas else ring
+                if ctas and ring + CTA_RESERVED > SM_SMEM // ctas:
                     continue  # that many CTAs do not fit
-                kern.max_dynamic_shared_size_bytes = smem
+                kern.max_dynamic_shared_size_bytes = max(smem, 1)
+                kern.preferred_shared_memory_carveout = co
                 args = (np.uint64(x.data_ptr()), np.uint64(dy.data_ptr()), np.uint64(out.data_ptr()),
                         np.int64(S), np.int64(C * 2), np.int64(rows), np.int64(n_ctiles), np.int64(tile_t),
                         np.int64(inter), np.int64(perm))
@@ -231,7 +249,8 @@ def main(shapes: list[str]) -> None:
                 out.zero_()
                 launch()
                 torch.cuda.synchronize()
-                key = f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}" + (f"/p{perm}" if perm != 1 else "")
+                key = (f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}"
+                       + (f"/p{perm}" if perm != 1 else "") + (f"/co{co}" if co >= 0 else ""))
                 ok = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 t = med(launch)
                 row[key] = t if ok else f"WRONG {t}"
