@@ -76,10 +76,13 @@ VARIANTS = {
     # The backward is near issue-bound and short of warps at once (docs/performance.md v10): a deeper
     # row pipeline alone, and with the arithmetic gone, show what is left when both limits give way.
     "deep": [], "no_math_deep": NO_MATH_BWD + NO_MATH_FWD,
+    # Half the rows in flight: does the L1 beside the shared memory (CARVEOUT) cap the row pipeline?
+    "shallow": [],
     "no_math_no_ticket": NO_MATH_BWD + [NO_TICKET],  # the pattern without the tree above the CTA
     "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
+SHALLOW_ROWS = 4  # ... and of "shallow"
 _prefetch_rows = gpu.PREFETCH_ROWS
 _take = gpu._TicketReserve.take
 
@@ -102,7 +105,7 @@ def use_variant(name: str) -> None:
 
     kernels.source = patched
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
-    gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else _prefetch_rows
+    gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
     gpu.backward_plan.cache_clear()
     gpu.forward_plan.cache_clear()
     runtime._functions.clear()
