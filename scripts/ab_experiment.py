@@ -67,6 +67,12 @@ FOOTPRINT = [
     ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
      "          store_vec(pdx, 0, dxv);\n          pdx += C;\n          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
 ]
+# Timing only (wrong bits): a lane reads no rows past its own (the K-1 tail tokens of x and dy, which
+# the next lane reads as its first rows) / no rows of x before them (window_before's direct loads):
+# what the halo costs (docs/performance.md v14).
+NO_TAIL = [("      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;", "      constexpr int N_STEPS = (int)LANE_ROWS;")]
+NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
+              "      for (int m = 0; m < K; ++m)\n        for (int e = 0; e < VEC; ++e) xr[m][e] = A(0);")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -80,6 +86,8 @@ VARIANTS = {
     "shallow": [],
     "no_math_no_ticket": NO_MATH_BWD + [NO_TICKET],  # the pattern without the tree above the CTA
     "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
+    "no_tail": NO_TAIL, "no_before": NO_BEFORE, "no_halo": NO_TAIL + NO_BEFORE,
+    "no_math_no_ticket_no_halo": NO_MATH_BWD + [NO_TICKET] + NO_TAIL + NO_BEFORE,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"

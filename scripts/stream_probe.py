@@ -20,7 +20,8 @@ KERNELS: vec/mode(0 ldg, 1 async)/ahead; ROWS: rows per lane (S a multiple of 8 
 threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes that take every
 8th row of the CTA's block; PERM: unit orders to try (unit = blockIdx * PERM mod grid, PERM coprime);
 TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM);
-TRACE_DIR keeps the raw stamps there; CARVEOUT: preferred shared-memory carveouts (percent) to try.
+TRACE_DIR keeps the raw stamps there; CARVEOUT: preferred shared-memory carveouts (percent) to try;
+HALO: rows a lane reads past its own (the backward reads K - 1 of x and dy, and K - 1 of x before).
 Padding rounds up (128 bytes per CTA), so CTAS=5 holds 4 CTAs and CTAS=7 holds 6: the trace's
 "resident" says how many ran at once.
 """
@@ -64,10 +65,12 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// One lane's walk over n rows (row_bytes apart). MODE 0: register ring; MODE 1: cp.async ring.
-// Rows per lane a multiple of 2 * AHEAD for MODE 0.
+// One lane's walk over n rows (row_bytes apart). MODE 0: register ring; MODE 1: cp.async ring,
+// which reads n_read >= n rows (the backward's halo: rows past the lane's own that it reads but
+// does not write). Rows per lane a multiple of 2 * AHEAD for MODE 0.
 template <int VB, int MODE, int AHEAD>
-__device__ __forceinline__ void walk_lane(const char* px, const char* pd, char* po, long long row_bytes, int n, unsigned char* smem) {
+__device__ __forceinline__ void walk_lane(const char* px, const char* pd, char* po, long long row_bytes, int n,
+                                          int n_read, unsigned char* smem) {
   using V = typename Vt<VB>::type;
   if (MODE == 0) {
     V xa[AHEAD], da[AHEAD], xb[AHEAD], db[AHEAD];
@@ -105,14 +108,14 @@ __device__ __forceinline__ void walk_lane(const char* px, const char* pd, char* 
       copy_async<VB>(mine + (2 * i + 1) * VB, pd + i * row_bytes);
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    for (int j0 = 0; j0 < n; j0 += STAGES) {
+    for (int j0 = 0; j0 < n_read; j0 += STAGES) {
 #pragma unroll
       for (int s = 0; s < STAGES; ++s) {  // stage s holds row j0 + s
         const int j = j0 + s;
         asm volatile("cp.async.wait_group %0;\n" ::"n"(AHEAD - 1) : "memory");
         const V a = me[2 * s], b = me[2 * s + 1];
         const int q = j + AHEAD, qs = (s + AHEAD) % STAGES;
-        if (q < n) {
+        if (q < n_read) {
           copy_async<VB>(mine + (2 * qs) * VB, px + q * row_bytes);
           copy_async<VB>(mine + (2 * qs + 1) * VB, pd + q * row_bytes);
         }
@@ -127,7 +130,8 @@ __device__ __forceinline__ void walk_lane(const char* px, const char* pd, char* 
 template <int VB, int MODE, int AHEAD>
 __global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, char* __restrict__ out,
                      long long S, long long row_bytes, long long rows_per_lane, long long n_ctiles,
-                     long long tile_t, long long interleave, long long perm, unsigned long long* trace) {
+                     long long tile_t, long long interleave, long long perm, long long halo,
+                     unsigned long long* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   if (trace && threadIdx.x == 0) trace[3 * blockIdx.x] = global_ns();
   const int lane = threadIdx.x / (int)tile_t, vl = threadIdx.x % (int)tile_t;
@@ -138,7 +142,8 @@ __global__ void walk(const char* __restrict__ x, const char* __restrict__ dy, ch
   const long long r0 = interleave ? node * 8 * rows_per_lane + lane : (node * 8 + lane) * rows_per_lane;
   if (c < row_bytes && r0 < S)  // S a multiple of 8 * rows_per_lane
     walk_lane<VB, MODE, AHEAD>(x + r0 * row_bytes + c, dy + r0 * row_bytes + c, out + r0 * row_bytes + c,
-                               row_bytes * (interleave ? 8 : 1), (int)rows_per_lane, smem);
+                               row_bytes * (interleave ? 8 : 1), (int)rows_per_lane,
+                               (int)min(rows_per_lane + halo, S - r0), smem);
   if (trace) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -200,6 +205,7 @@ def main(shapes: list[str]) -> None:
     tiles = [int(t) for t in os.environ.get("TILES", "32 48 64 96 128").split()]
     interleave = (0, 1) if int(os.environ.get("INTERLEAVE", "1")) else (0,)
     perms = [int(p) for p in os.environ.get("PERM", "1").split()]  # unit order: blockIdx * PERM mod grid
+    halos = [int(h) for h in os.environ.get("HALO", "0").split()]  # rows read past a lane's own (async only)
     tracing = bool(int(os.environ.get("TRACE", "0")))
     # preferred shared-memory carveout, percent of 228 KiB (-1: the driver's choice; the rest of the
     # SM's 256 KiB is L1)
@@ -213,12 +219,12 @@ def main(shapes: list[str]) -> None:
         out = torch.empty_like(x)
         ref = (x.view(torch.int16) ^ dy.view(torch.int16)).view(torch.bfloat16)
         row = {"S": S, "C": C, "add": med(lambda: torch.add(x, dy, out=out))}
-        configs = [(name, rows, tile_t, inter, perm) for name in NAMES for rows in lane_rows
-                   for tile_t in tiles for inter in interleave for perm in perms]
-        for name, rows, tile_t, inter, perm in configs:
+        configs = [(name, rows, tile_t, inter, perm, halo) for name in NAMES for rows in lane_rows
+                   for tile_t in tiles for inter in interleave for perm in perms for halo in halos]
+        for name, rows, tile_t, inter, perm, halo in configs:
             vb, mode, ahead = (int(v) for v in name[5:-1].split(","))
             if f"{vb}/{mode}/{ahead}" not in kept or (C * 2) % vb or tile_t * 8 > 1024 or (inter and rows < 256) \
-                    or (mode == 0 and rows % (2 * ahead)) or S % (8 * rows):
+                    or (mode == 0 and (rows % (2 * ahead) or halo)) or (inter and halo) or S % (8 * rows):
                 continue  # the register ring reads 2 x ahead rows at a time
             kern = mod.get_function(name)
             block = 8 * tile_t
@@ -239,7 +245,7 @@ def main(shapes: list[str]) -> None:
                 kern.preferred_shared_memory_carveout = co
                 args = (np.uint64(x.data_ptr()), np.uint64(dy.data_ptr()), np.uint64(out.data_ptr()),
                         np.int64(S), np.int64(C * 2), np.int64(rows), np.int64(n_ctiles), np.int64(tile_t),
-                        np.int64(inter), np.int64(perm))
+                        np.int64(inter), np.int64(perm), np.int64(halo))
 
                 def launch(trace: torch.Tensor | None = None) -> None:
                     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
@@ -250,7 +256,8 @@ def main(shapes: list[str]) -> None:
                 launch()
                 torch.cuda.synchronize()
                 key = (f"v{vb}/{'async' if mode else 'ldg'}/a{ahead}/r{rows}{'i' if inter else ''}/t{tile_t}/cta{ctas}"
-                       + (f"/p{perm}" if perm != 1 else "") + (f"/co{co}" if co >= 0 else ""))
+                       + (f"/p{perm}" if perm != 1 else "") + (f"/co{co}" if co >= 0 else "")
+                       + (f"/h{halo}" if halo else ""))
                 ok = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 t = med(launch)
                 row[key] = t if ok else f"WRONG {t}"
