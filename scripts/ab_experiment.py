@@ -203,10 +203,12 @@ def main(shapes: list[str]) -> None:
                 row[key] = med(call) if same else f"BITS DIFFER {med(call)}"
             pin_ctas(0)
             set_carveout(-1)
-            for base in fwd_progs:
-                for tv, al in tile_keys:
-                    name = _name(base, tv, al)
-                    row[f"{v}/{name}"] = med(lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
+            for base, (tv, al), co in [(p, k, co) for p in fwd_progs for k in tile_keys for co in carveouts]:
+                name = _name(base, tv, al)
+                set_carveout(co)
+                row[f"{v}/{name}" + (f"/co{co}" if co >= 0 else "")] = med(
+                    lambda: ops.forward_impl(x, w, b, doc, None, False, True, name))
+            set_carveout(-1)
         print(json.dumps(row), flush=True)
 
 
