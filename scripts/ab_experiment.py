@@ -130,8 +130,8 @@ _plan = gpu.backward_plan
 
 def pin_ctas(ctas: int) -> None:
     """CTAS="4 5": the backward's dynamic shared memory padded so that at most that many CTAs fit
-    per SM (0: the kernel's own count). Does the resident CTA count itself move the real kernel, as
-    5 and 7 move the stream probe (docs/performance.md v13)?"""
+    per SM (0: the kernel's own count). The padding takes the L1 with it (the carveout grows to hold
+    it; docs/performance.md v14), so CARVEOUT is the cleaner way to change the count."""
     def padded(*args):
         plan = _plan(*args)
         return dataclasses.replace(plan, smem=max(plan.smem, SM_SMEM // ctas - 1024))

@@ -22,8 +22,9 @@ threads per lane; CTAS: CTAs per SM to try; INTERLEAVE=1 also runs 256-row lanes
 TRACE=1 adds per-configuration CTA timelines (unit durations, span, busiest / idlest SM);
 TRACE_DIR keeps the raw stamps there; CARVEOUT: preferred shared-memory carveouts (percent) to try;
 HALO: rows a lane reads past its own (the backward reads K - 1 of x and dy, and K - 1 of x before).
-Padding rounds up (128 bytes per CTA), so CTAS=5 holds 4 CTAs and CTAS=7 holds 6: the trace's
-"resident" says how many ran at once.
+Padding fills the carveout and so leaves 28 KiB of L1, except at CTAS=5 and 7, which overshoot the
+SM's shared memory by under 128 bytes and so hold 4 and 6 CTAs in a 196 KiB carveout (60 KiB of L1):
+the trace's "resident" says how many ran at once (docs/performance.md v14).
 """
 
 from __future__ import annotations
