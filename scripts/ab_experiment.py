@@ -71,6 +71,15 @@ FOOTPRINT = [
 # the next lane reads as its first rows) / no rows of x before them (window_before's direct loads):
 # what the halo costs (docs/performance.md v14).
 NO_TAIL = [("      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;", "      constexpr int N_STEPS = (int)LANE_ROWS;")]
+# Timing only (wrong dweight): the CTA writes no lane partials and folds none (v14 "Next" 3).
+NO_CTA_FOLD = [
+    ("    if (c0 < C && (SPL == 1 || r0 >= S)) {", "    if (c0 < C && (SPL == 1 || r0 >= S) && n_units < 0) {"),
+    ("    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {",
+     "    for (int i = threadIdx.x; i < n_vals && n_units < 0; i += blockDim.x) {"),
+]
+# Timing only (no ordering: a parent may be folded before its children's nodes are visible): what
+# the ticket's release, which waits for the CTA's outstanding writes (dx included), costs.
+RELAXED_TICKET = [("atom.add.acq_rel.gpu.u32", "atom.add.relaxed.gpu.u32")]
 NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
               "      for (int m = 0; m < K; ++m)\n        for (int e = 0; e < VEC; ++e) xr[m][e] = A(0);")]
 # A patch is (old, new) for the backward source or (source, old, new).
@@ -88,6 +97,9 @@ VARIANTS = {
     "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
     "no_tail": NO_TAIL, "no_before": NO_BEFORE, "no_halo": NO_TAIL + NO_BEFORE,
     "no_math_no_ticket_no_halo": NO_MATH_BWD + [NO_TICKET] + NO_TAIL + NO_BEFORE,
+    "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
+    "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
+    "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
