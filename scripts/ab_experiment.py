@@ -45,6 +45,9 @@ _ENTRY = "__global__ void __launch_bounds__(256) conv1d_silu_bwd("
 LB128X5 = (_ENTRY, "__global__ void __launch_bounds__(128, 5) conv1d_silu_bwd(")
 LB256X3 = (_ENTRY, "__global__ void __launch_bounds__(256, 3) conv1d_silu_bwd(")
 LB256X2 = (_ENTRY, "__global__ void __launch_bounds__(256, 2) conv1d_silu_bwd(")
+# A register cap without a CTA count: 112 registers fit the one-slab backward without spills (ptxas -v),
+# and 18 warps per SM: 6 CTAs of 3 warps or 3 of 6 where 128 registers fit 5 or 2.
+MAXNREG112 = (_ENTRY, "__global__ void __maxnreg__(112) conv1d_silu_bwd(")
 # The access pattern's own floor: the same loads and stores with (almost) no math. The backward
 # stores dx = g[t] (g = dy * 1 + x), the forward y = x; the bits differ from every real program.
 NO_MATH_BWD = [
@@ -85,7 +88,7 @@ NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, 
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
-    "lb128x5": [LB128X5], "lb256x3": [LB256X3], "lb256x2": [LB256X2],
+    "lb128x5": [LB128X5], "lb256x3": [LB256X3], "lb256x2": [LB256X2], "maxnreg112": [MAXNREG112],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
     "no_top": [NO_TOP], "memset_tickets": [],
     # The backward is near issue-bound and short of warps at once (docs/performance.md v10): a deeper
