@@ -302,7 +302,7 @@ def backward_plan(
     tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
-    cta_level = 2 if spl == FAN else 1  # a CTA folds a level-1 node (8 slabs) or a level-2 one
+    cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
     ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
@@ -313,8 +313,8 @@ def backward_plan(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
         "long long" if wide else "int", spl, pipe_depth(K),
     )
-    block = (LANES if spl == FAN else LANES // spl) * tile_v  # lanes of spl slabs each
-    slots = LANES * tile_v * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
+    block = LANES * tile_v
+    slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     n_units = nodes[cta_level] * n_ctiles
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)

@@ -32,7 +32,7 @@ class Program:
     cuda: bool = True  # False: the PyTorch reference (any device)
     max_tile_vectors: int = 32  # channel vectors per CTA; threads = LANES * tile vectors
     rows_per_lane: int = 32  # forward: tokens one thread walks
-    slabs_per_lane: int = 1  # backward: slabs one thread walks (1, 2, 4: CTA = 8 slabs; 8: CTA = 64 slabs)
+    slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
@@ -64,27 +64,6 @@ PROGRAMS: dict[str, Program] = {
             "row groups of 8 slabs, 8-byte accesses, channel tiles of 16 vectors (128 threads): half the "
             "registers per thread, four CTAs per SM",
             max_tile_vectors=16,
-            vec_bytes=8,
-        ),
-        # Lanes of 2 or 4 slabs: the lane's set-up (weights, window, the last turn) and its halo
-        # (K-1 rows read and computed twice) are paid per 64 / 128 rows instead of per 32, with
-        # every slab partial in a slot of its own, so the canonical tree is unchanged.
-        Program(
-            "rowgroup_s2_8b",
-            "bwd",
-            "row groups of 8 slabs, 4 lanes of 2 slabs, 8-byte accesses, channel tiles of 16 vectors "
-            "(64 threads): half the per-lane set-up and halo of rowgroup_8b",
-            max_tile_vectors=16,
-            slabs_per_lane=2,
-            vec_bytes=8,
-        ),
-        Program(
-            "rowgroup_s4_8b",
-            "bwd",
-            "row groups of 8 slabs, 2 lanes of 4 slabs, 8-byte accesses, channel tiles of 32 vectors "
-            "(64 threads): a quarter of the per-lane set-up and halo of rowgroup_8b",
-            max_tile_vectors=32,
-            slabs_per_lane=4,
             vec_bytes=8,
         ),
         Program(

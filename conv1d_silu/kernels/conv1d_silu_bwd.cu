@@ -9,10 +9,9 @@
 // fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
-// Geometry: a CTA has CTA_LANES x tile_v threads. A work unit is one tree node at level CTA_LEVEL
-// times one channel tile: level 1 (SPL = 1, 2, 4: LANES / SPL lanes each walk SPL slabs, every slab
-// partial goes to a slot of its own) or level 2 (SPL = FAN: LANES lanes each walk a level-1 node,
-// folding its slabs in registers and its slot). The CTA folds its slots into the node in shared memory, writes it to the workspace, and takes a
+// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level cta_level
+// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
+// CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
 // ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
 // up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
 // order only the fold: no gradient value is ever summed atomically.
@@ -37,15 +36,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
-  static_assert(SPL == 1 || SPL == 2 || SPL == 4 || SPL == FAN, "a lane walks 1, 2, 4 slabs or a level-1 node");
-  static_assert(LANES == FAN, "a CTA's LANES slots are one node's children");
-  constexpr int CTA_LEVEL = SPL == FAN ? 2 : 1;
-  constexpr int CTA_LANES = SPL == FAN ? LANES : LANES / SPL;  // thread rows of this CTA
-  constexpr int LANE_SLOTS = SPL == FAN ? 1 : SPL;  // slots a lane fills: one per slab, or its level-1 node
+  constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
+  static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
   constexpr long long LANE_ROWS = (long long)SPL * SLAB;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
-  constexpr int FOLD_VALUES = (NB * VEC + CTA_LANES - 1) / CTA_LANES;  // (k, c) values per thread in a fold
-  constexpr int FOLD_BATCH = FOLD_VALUES < 5 ? FOLD_VALUES : 5;
+  constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
@@ -63,9 +58,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const int ct = (int)(unit % n_ctiles);
     const long long node = unit / n_ctiles;
     const int c0 = (ct * tile_v + vl) * VEC;
-    const long long r0 = (node * CTA_LANES + lane) * LANE_ROWS;
+    const long long r0 = (node * LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
-    A* my_slot = slot + (lane * LANE_SLOTS * NB * tile_c) + vl * VEC;  // + (s * NB + k) * tile_c + e
+    A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
 
     A acc[NB][VEC];
 #pragma unroll
@@ -229,14 +224,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           }
         }
         if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
-          // end of slab j / SLAB: its partial goes to its own slot (SPL < FAN), or is folded into
-          // the lane's level-1 node in index order (SPL = FAN); slabs past S give +0 like any other
-          A* s = my_slot + (SPL == FAN ? 0 : (j / SLAB) * NB * tile_c);
+          // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
+          // past S fold their +0 like any other)
 #pragma unroll
           for (int k = 0; k < NB; ++k)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              s[k * tile_c + e] = SPL < FAN || j < SLAB ? acc[k][e] : s[k * tile_c + e] + acc[k][e];
+              my_slot[k * tile_c + e] = j < SLAB ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
               acc[k][e] = A(0);
             }
         }
@@ -258,19 +252,17 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       }
     }
 
-    // This lane's slots: its slab partial (SPL = 1; SPL > 1 wrote them at each slab's end); a lane
-    // without rows contributes +0 in every slot.
+    // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
+    // slot, all 8 slabs folded); a lane without rows contributes +0.
     if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
-      for (int s = 0; s < LANE_SLOTS; ++s)
+      for (int k = 0; k < NB; ++k)
 #pragma unroll
-        for (int k = 0; k < NB; ++k)
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) my_slot[(s * NB + k) * tile_c + e] = acc[k][e];
+        for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
     }
     __syncthreads();
 
-    // Fold the LANES slots into this CTA's node, then climb the tree by tickets.
+    // Fold the LANES lane values into this CTA's node, then climb the tree by tickets.
     const int c_base = ct * tile_c;
     const int n_vals = NB * tile_c;
     long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
@@ -301,35 +293,31 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // arriver leaves it at zero for the next launch on the stream (gpu.stream_scratch).
       if (threadIdx.x == 0) tickets[tk_off + parent * n_ctiles + ct] = 0;
       const long long parent_off = ws_off + n_level * NB * C;
-      // Every child of every value this thread folds (FOLD_BATCH values at a time, to bound the
-      // registers) is loaded before the first add: one L2 round trip per level instead of one per
-      // value (the fold holds a CTA slot; under full DRAM load a round trip is ~1-2 µs). Missing
-      // children load as +0, as the canonical tree defines.
+      // Every child of every value this thread folds is loaded before the first add: one L2 round
+      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load
+      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.
+      A ch[FOLD_VALUES][FAN];
 #pragma unroll
-      for (int b = 0; b < FOLD_VALUES; b += FOLD_BATCH) {
-        A ch[FOLD_BATCH][FAN];
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, c = c_base + (i - k * tile_c);
 #pragma unroll
-        for (int r = 0; r < FOLD_BATCH; ++r) {
-          const int i = threadIdx.x + (b + r) * blockDim.x;
-          const int k = i / tile_c, c = c_base + (i - k * tile_c);
+        for (int j = 0; j < FAN; ++j)
+          ch[r][j] = i < n_vals && c < C && j < children
+                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
+      }
 #pragma unroll
-          for (int j = 0; j < FAN; ++j)
-            ch[r][j] = i < n_vals && c < C && j < children
-                           ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
-        }
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, c = c_base + (i - k * tile_c);
+        if (i >= n_vals || c >= C) continue;
+        A v = ch[r][0];
 #pragma unroll
-        for (int r = 0; r < FOLD_BATCH; ++r) {
-          const int i = threadIdx.x + (b + r) * blockDim.x;
-          const int k = i / tile_c, c = c_base + (i - k * tile_c);
-          if (i >= n_vals || c >= C) continue;
-          A v = ch[r][0];
-#pragma unroll
-          for (int j = 1; j < FAN; ++j) v += ch[r][j];
-          if (level + 1 == root_level) {
-            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
-          } else {
-            ws[parent_off + (parent * NB + k) * C + c] = v;
-          }
+        for (int j = 1; j < FAN; ++j) v += ch[r][j];
+        if (level + 1 == root_level) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        } else {
+          ws[parent_off + (parent * NB + k) * C + c] = v;
         }
       }
       ws_off = parent_off;
