@@ -1,5 +1,6 @@
 """A/B experiments in one process: backward / forward graph-replay times (cold L2, medians) of
-kernel-source variants (text patches of conv1d_silu_bwd.cu, see VARIANTS) and channel-tile sizes,
+kernel-source variants (text patches of conv1d_silu_bwd.cu, see VARIANTS), channel-tile sizes and
+program fields (BWD / FWD names like "fwd_rows16_8b@rows_per_lane=8,max_tile_vectors=16"),
 bf16, K = 4, bias, against PyTorch's add / copy of the same shape; CTAS pins the resident
 CTA count of the backward, CARVEOUT its shared-memory / L1 split.
 
@@ -195,6 +196,11 @@ def main(shapes: list[str]) -> None:
         out = torch.empty(S, C, device=dev, dtype=x.dtype)
         row = {"S": S, "C": C, "row_pad": pad, "add": med(lambda: torch.add(x, dy, out=out)),
                "copy": med(lambda: out.copy_(x))}
+        for spec in bwd_progs + fwd_progs:  # "fwd_rows16_8b@rows_per_lane=8": a program with other fields
+            if "@" in spec and spec not in routes.PROGRAMS:
+                base, fields = spec.split("@")
+                kw = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
+                routes.PROGRAMS[spec] = dataclasses.replace(routes.PROGRAMS[base], name=spec, **kw)
         for tv, al in tile_keys:
             for base in bwd_progs + fwd_progs:
                 own = routes.PROGRAMS[base].max_tile_vectors
