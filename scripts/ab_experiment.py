@@ -57,20 +57,6 @@ NO_MATH_BWD = [
     ("v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);", "if (m == K - 1) v = gr[(P + 1 + m) % K][e];"),
 ]
 NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] = xv[e];")]
-# Timing only (wrong bits; S a multiple of 2048, K = 4): the long programs' lanes walk adjacent slabs
-# wave after wave (lane l takes slabs l, l + 8, l + 16, ...), so a CTA's 8 lanes read 256 consecutive
-# rows at a time, as the forward's and rowgroup_8b's CTAs do, where normally they are 256 rows apart
-# (docs/performance.md v12: does the footprint or the pipeline set the backward's own floor?).
-FOOTPRINT = [
-    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
-     "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
-    ("            pdy += dy_rs;\n          }\n        } else if (q < N_TURNS) {",
-     "            pdy += dy_rs;\n          }\n          if ((q + 1) % (SLAB / K) == 0) {\n"
-     "            px += (LANES - 1) * SLAB * x_rs;\n            pdy += (LANES - 1) * SLAB * dy_rs;\n          }\n"
-     "        } else if (q < N_TURNS) {"),
-    ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
-     "          store_vec(pdx, 0, dxv);\n          pdx += C;\n          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
-]
 # Timing only (wrong bits): a lane reads no rows past its own (the K-1 tail tokens of x and dy, which
 # the next lane reads as its first rows) / no rows of x before them (window_before's direct loads):
 # what the halo costs (docs/performance.md v14).
@@ -98,7 +84,6 @@ VARIANTS = {
     # Half the rows in flight: does the L1 beside the shared memory (CARVEOUT) cap the row pipeline?
     "shallow": [],
     "no_math_no_ticket": NO_MATH_BWD + [NO_TICKET],  # the pattern without the tree above the CTA
-    "footprint": FOOTPRINT, "no_math_footprint": NO_MATH_BWD + FOOTPRINT,
     "no_tail": NO_TAIL, "no_before": NO_BEFORE, "no_halo": NO_TAIL + NO_BEFORE,
     "no_math_no_ticket_no_halo": NO_MATH_BWD + [NO_TICKET] + NO_TAIL + NO_BEFORE,
     "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
@@ -118,7 +103,11 @@ def _no_reserve(self, n: int) -> None:
 
 
 def use_variant(name: str) -> None:
+    """Patch the kernel text (a VARIANTS name), or "file=PATH": the backward's whole expanded source
+    from PATH (an older version against the current one in the same process)."""
     def patched(src: str) -> str:
+        if name.startswith("file="):
+            return Path(name[5:]).read_text() if src == "conv1d_silu_bwd" else _source(src)
         text = _source(src)
         for patch in VARIANTS[name]:
             target, old, new = patch if len(patch) == 3 else ("conv1d_silu_bwd", *patch)

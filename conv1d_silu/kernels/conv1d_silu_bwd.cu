@@ -76,20 +76,28 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
       constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
       constexpr int N_TURNS = (N_STEPS + K - 1) / K;
-      // Turns wholly inside S (all but the last one or two) copy from running row pointers.
+      // Turns whose K rows all lie inside S (all but the last one or two) copy from running row
+      // pointers.
       const T* px = x + (I)r0 * (I)x_rs + c0;
       const T* pdy = dy + (I)r0 * (I)dy_rs + c0;
+      const int whole_turns = (int)min_<long long>(N_STEPS / K, (S - r0) / K);
+      auto prefetch_whole = [&](int st) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) {
+          pipe.copy(st, i, 0, px);
+          pipe.copy(st, i, 1, pdy);
+          px += x_rs;
+          pdy += dy_rs;
+        }
+        async_commit();
+      };
       auto prefetch = [&](int q) {
         const int st = q % DEPTH;
-        if (q * K + K <= N_STEPS && r0 + q * K + K <= S) {
-#pragma unroll
-          for (int i = 0; i < K; ++i) {
-            pipe.copy(st, i, 0, px);
-            pipe.copy(st, i, 1, pdy);
-            px += x_rs;
-            pdy += dy_rs;
-          }
-        } else if (q < N_TURNS) {
+        if (q < whole_turns) {
+          prefetch_whole(st);
+          return;
+        }
+        if (q < N_TURNS) {
 #pragma unroll
           for (int i = 0; i < K; ++i) {
             const int j = q * K + i;
@@ -127,15 +135,17 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Token t = r0 + j at ring phase P: extend the rings, accumulate the slab partial if t is
       // an own row, emit dx[t-(K-1)] and the initial-state gradients that complete at t. With
-      // FULL (compile-time) the caller promises r0 <= t < r_end (an own row, inside S). Rows
+      // FULL (compile-time) the caller promises r0 <= t < r_end (an own row, inside S), with INNER
+      // also j >= K (past the first turn, so dx[t-(K-1)] is an own row too). Rows
       // S .. S+n_next-1 are trailing rows (context parallelism: the next rank's first tokens of
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
       int stage = 0;
       T* pdx = dx + (I)r0 * (I)C + c0;  // dx row r0 + ju, stored in order
-      auto step = [&](auto phase, auto full, int j) {
+      auto step = [&](auto phase, auto full, auto inner, int j) {
         constexpr int P = decltype(phase)::value;
-        constexpr bool FULL = decltype(full)::value;
+        constexpr bool INNER = decltype(inner)::value;
+        constexpr bool FULL = INNER || decltype(full)::value;
         const long long t = r0 + j;
         const bool own = FULL || j < own_steps;
         A g[VEC];
@@ -187,7 +197,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         // window row m of this step is ring slot (P + 1 + m) % K, token t - (K-1) + m
         const int ju = j - (K - 1);
         // dx[u] = sum_m w[K-1-m] g[u+m] over u's document (in a full turn u < t is an own row)
-        if (FULL ? ju >= 0 : ju >= 0 && ju < own_steps) {
+        if (INNER || (FULL ? ju >= 0 : ju >= 0 && ju < own_steps)) {
           // one document and all window rows inside S: no masks needed
           constexpr bool ALL_SAME = FULL && MODE == SINGLE;
           constexpr int first = (P + 1) % K;
@@ -236,17 +246,27 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         }
       };
 
-      // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time.
+      // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time. The hot turns,
+      // 1 <= q < hot_end, need no checks: own rows only, each step's dx row an own row, and the
+      // turn prefetched DEPTH-1 ahead wholly inside S.
+      const int hot_end = min_(own_steps / K, whole_turns - (DEPTH - 1));
       for (int q = 0; q < N_TURNS; ++q) {
+        const int j0 = q * K;
+        if (q >= 1 && q < hot_end) {
+          prefetch_whole(stage);  // turn q + DEPTH - 1 into the stage that turn q - 1 has read
+          async_wait<DEPTH - 1>();
+          stage = stage + 1 == DEPTH ? 0 : stage + 1;
+          static_for<0, K>([&](auto p) { step(p, Bool<true>{}, Bool<true>{}, j0 + decltype(p)::value); });
+          continue;
+        }
         prefetch(q + DEPTH - 1);  // into the stage that turn q-1 has read
         async_wait<DEPTH - 1>();  // turn q has landed
         stage = q % DEPTH;
-        const int j0 = q * K;
         if (j0 + K <= own_steps) {
-          static_for<0, K>([&](auto p) { step(p, Bool<true>{}, j0 + decltype(p)::value); });
+          static_for<0, K>([&](auto p) { step(p, Bool<true>{}, Bool<false>{}, j0 + decltype(p)::value); });
         } else {
           static_for<0, K>([&](auto p) {
-            if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, j0 + decltype(p)::value);
+            if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, Bool<false>{}, j0 + decltype(p)::value);
           });
         }
       }
