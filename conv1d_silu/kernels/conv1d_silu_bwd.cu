@@ -248,8 +248,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time. The hot turns,
       // 1 <= q < hot_end, need no checks: own rows only, each step's dx row an own row, and the
-      // turn prefetched DEPTH-1 ahead wholly inside S.
-      const int hot_end = min_(own_steps / K, whole_turns - (DEPTH - 1));
+      // turn prefetched DEPTH-1 ahead wholly inside S. Lanes of one slab (9 turns, 5 of them hot)
+      // go without: there the extra copy of the step cost more than its checks (docs/performance.md v17).
+      const int hot_end = SPL == 1 ? 0 : min_(own_steps / K, whole_turns - (DEPTH - 1));
       for (int q = 0; q < N_TURNS; ++q) {
         const int j0 = q * K;
         if (q >= 1 && q < hot_end) {
