@@ -80,7 +80,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // pointers.
       const T* px = x + (I)r0 * (I)x_rs + c0;
       const T* pdy = dy + (I)r0 * (I)dy_rs + c0;
-      const int whole_turns = (int)min_<long long>(N_STEPS / K, (S - r0) / K);
       auto prefetch_whole = [&](int st) {
 #pragma unroll
         for (int i = 0; i < K; ++i) {
@@ -93,7 +92,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       };
       auto prefetch = [&](int q) {
         const int st = q % DEPTH;
-        if (q < whole_turns) {
+        if (q * K + K <= N_STEPS && r0 + q * K + K <= S) {  // q < whole_turns
           prefetch_whole(st);
           return;
         }
@@ -250,6 +249,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // 1 <= q < hot_end, need no checks: own rows only, each step's dx row an own row, and the
       // turn prefetched DEPTH-1 ahead wholly inside S. Lanes of one slab (9 turns, 5 of them hot)
       // go without: there the extra copy of the step cost more than its checks (docs/performance.md v17).
+      const int whole_turns = (int)min_<long long>(N_STEPS / K, (S - r0) / K);
       const int hot_end = SPL == 1 ? 0 : min_(own_steps / K, whole_turns - (DEPTH - 1));
       for (int q = 0; q < N_TURNS; ++q) {
         const int j0 = q * K;
