@@ -125,6 +125,15 @@ def use_variant(name: str) -> None:
     runtime._smem_raised.clear()
 
 
+def register_program(spec: str) -> None:
+    """A program name with fields, "fwd_rows16_8b@rows_per_lane=8,max_tile_vectors=16": that program
+    with those integer fields changed, added to routes.PROGRAMS under the whole name."""
+    if "@" in spec and spec not in routes.PROGRAMS:
+        base, fields = spec.split("@")
+        kw = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
+        routes.PROGRAMS[spec] = dataclasses.replace(routes.PROGRAMS[base], name=spec, **kw)
+
+
 def _name(base: str, tiles: int, align: int) -> str:
     return f"{base}_t{tiles}" + (f"_a{align}" if align else "")
 
@@ -176,6 +185,8 @@ def main(shapes: list[str]) -> None:
     # of that many channels (row starts aligned to 128 bytes for bf16 at 64): does the row alignment,
     # not the width, make C = 264 / 392 / 408 slow? (dx and y stay contiguous.)
     pads = [int(p) for p in os.environ.get("ROW_PAD", "0").split()]
+    for spec in bwd_progs + fwd_progs:
+        register_program(spec)
     for shape, pad in [(s, p) for s in shapes for p in pads]:
         S, C = (int(v) for v in shape.split(":"))
         x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, dev)
@@ -185,11 +196,6 @@ def main(shapes: list[str]) -> None:
         out = torch.empty(S, C, device=dev, dtype=x.dtype)
         row = {"S": S, "C": C, "row_pad": pad, "add": med(lambda: torch.add(x, dy, out=out)),
                "copy": med(lambda: out.copy_(x))}
-        for spec in bwd_progs + fwd_progs:  # "fwd_rows16_8b@rows_per_lane=8": a program with other fields
-            if "@" in spec and spec not in routes.PROGRAMS:
-                base, fields = spec.split("@")
-                kw = {k: int(v) for k, v in (f.split("=") for f in fields.split(","))}
-                routes.PROGRAMS[spec] = dataclasses.replace(routes.PROGRAMS[base], name=spec, **kw)
         for tv, al in tile_keys:
             for base in bwd_progs + fwd_progs:
                 own = routes.PROGRAMS[base].max_tile_vectors

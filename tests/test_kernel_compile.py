@@ -179,6 +179,30 @@ def test_ab_experiment_host_variants(monkeypatch):
     gpu.forward_plan.cache_clear()
 
 
+def test_ab_experiment_file_variant_and_program_fields(monkeypatch, tmp_path):
+    """file=PATH swaps in the backward's whole source (the forward's stays), and a program name with
+    @fields registers that program with those fields changed."""
+    from conv1d_silu import gpu, routes, runtime
+
+    ab = _script("ab_experiment")
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS")):
+        monkeypatch.setattr(obj, attr, getattr(obj, attr))
+    monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime, "_smem_raised", {})
+    monkeypatch.setattr(routes, "PROGRAMS", dict(routes.PROGRAMS))
+    old = tmp_path / "bwd_old.cu"
+    old.write_text("// an older backward\n")
+    fwd = kernels.source("conv1d_silu_fwd")
+    ab.use_variant(f"file={old}")
+    assert kernels.source("conv1d_silu_bwd") == "// an older backward\n"
+    assert kernels.source("conv1d_silu_fwd") == fwd
+    ab.register_program("fwd_rows16_8b@rows_per_lane=8,max_tile_vectors=16")
+    p = routes.PROGRAMS["fwd_rows16_8b@rows_per_lane=8,max_tile_vectors=16"]
+    assert (p.rows_per_lane, p.max_tile_vectors, p.vec_bytes) == (8, 16, routes.PROGRAMS["fwd_rows16_8b"].vec_bytes)
+    gpu.backward_plan.cache_clear()
+    gpu.forward_plan.cache_clear()
+
+
 def test_stream_probe_compiles():
     """scripts/stream_probe.py's kernel (the access-pattern probe of docs/performance.md v13) still
     compiles, every instance."""
