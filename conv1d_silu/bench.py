@@ -32,6 +32,7 @@ SEED_S = (32768, 65536, 250340, 262144)
 SEED_C = tuple(range(264, 409, 8))
 WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
 CALLS = ("fwd", "bwd", "fwdbwd")
+SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the bytes a call moves
 
 
 # The seed's sm_107a rule (routes.py) at both of its token floors: every C it routes to the SM-wide
@@ -79,43 +80,58 @@ class Timer:
         if self.flush_buf is not None:
             self.flush_buf.fill_(1.0)
 
-    def __call__(self, fn: Callable[[], object]) -> list[float]:
-        if not self.graph:
+    def prepare(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """What one timed rep runs: ``fn`` after its warm-up calls, or in graph mode the replay of a
+        CUDA graph of it (warmed up and captured on a side stream, which autograd follows)."""
+        if not (self.cuda and self.graph):
             for _ in range(self.warmup):
                 fn()
-        if not self.cuda:
-            out = []
-            for _ in range(self.reps):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) * 1e6)
-            return out
-        run = fn
-        if self.graph:
-            try:
-                g = torch.cuda.CUDAGraph()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):  # warm up on the capture stream (autograd follows it)
-                    for _ in range(max(1, self.warmup)):
-                        fn()
-                    torch.cuda.synchronize()
-                    with torch.cuda.graph(g, stream=s):
-                        fn()
-                torch.cuda.current_stream().wait_stream(s)
-                run = g.replay
-            except Exception as err:  # report and time eagerly rather than lose the row
-                sys.stderr.write(f"\ngraph capture failed ({err}); timing eagerly\n")
+            return fn
+        try:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(max(1, self.warmup)):
+                    fn()
                 torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            self._flush()
-            starts[i].record()
-            run()
-            ends[i].record()
+                with torch.cuda.graph(g, stream=s):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            return g.replay
+        except Exception as err:  # report and time eagerly rather than lose the row
+            sys.stderr.write(f"\ngraph capture failed ({err}); timing eagerly\n")
+            torch.cuda.synchronize()
+            return fn
+
+    def times(self, runs: list[Callable[[], object]]) -> list[list[float]]:
+        """µs of each prepared callable per rep. The callables take turns within every rep (each
+        after its own L2 flush), so a drift of the machine during the row reaches all of them
+        alike and their ratio is a same-run ratio in the strict sense."""
+        out: list[list[float]] = [[] for _ in runs]
+        if not self.cuda:
+            for _ in range(self.reps):
+                for run, t in zip(runs, out):
+                    t0 = time.perf_counter()
+                    run()
+                    t.append((time.perf_counter() - t0) * 1e6)
+            return out
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in runs]
+                  for _ in range(self.reps)]
+        for rep in events:
+            for run, (start, end) in zip(runs, rep):
+                self._flush()
+                start.record()
+                run()
+                end.record()
         torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+        for rep in events:
+            for t, (start, end) in zip(out, rep):
+                t.append(start.elapsed_time(end) * 1e3)
+        return out
+
+    def __call__(self, fn: Callable[[], object]) -> list[float]:
+        return self.times([self.prepare(fn)])[0]
 
 
 def bootstrap_ratio_ci(base: list[float], ours: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -272,11 +288,10 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     rows: list[Row] = []
     itemsize = torch.tensor([], dtype=dtype).element_size()
     x, w, b, dy = shape_inputs(S, C, args.K, dtype, device)
-    plain = {}
     xd = x.detach()
     out = torch.empty_like(xd)
-    plain["copy"] = eager(lambda: out.copy_(xd))
-    plain["add"] = eager(lambda: torch.add(xd, dy, out=out))
+    plain_fns = {"copy": lambda: out.copy_(xd), "add": lambda: torch.add(xd, dy, out=out)}
+    plain: dict[str, list[float]] = {}
     nbytes = {"fwd": 2 * S * C * itemsize, "bwd": 3 * S * C * itemsize, "fwdbwd": 5 * S * C * itemsize}
     for impl, fn in impls.items():
         if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
@@ -287,20 +302,24 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
             sys.stderr.write(f"\n{impl} S={S} C={C}: {err}\n")
             continue
         for call in args.calls:
-            times = timer(calls[call])
+            ref = SAME_BYTES.get(call) if impl == "conv1d_silu" else None
+            if ref is not None:
+                # ours and PyTorch's copy / add of the same bytes in alternation (docs/performance.md v18)
+                plain[ref], times = timer.times([eager.prepare(plain_fns[ref]), timer.prepare(calls[call])])
+            else:
+                times = timer(calls[call])
             row = Row(S, C, call, impl, statistics.median(times), times, nbytes[call])
             row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
-            if impl == "conv1d_silu":
-                ref = {"fwd": plain["copy"], "bwd": plain["add"]}.get(call)
-                if ref is not None:
-                    row.same_run_ratio = row.median_us / statistics.median(ref)
-                if call == "bwd" and args.check_determinism:
-                    first = [t.clone() for t in calls["bwd"]()]
-                    row.deterministic = all(
-                        all(torch.equal(a, c) for a, c in zip(first, calls["bwd"]())) for _ in range(4)
-                    )
+            if ref is not None:
+                row.same_run_ratio = row.median_us / statistics.median(plain[ref])
+            if impl == "conv1d_silu" and call == "bwd" and args.check_determinism:
+                first = [t.clone() for t in calls["bwd"]()]
+                row.deterministic = all(
+                    all(torch.equal(a, c) for a, c in zip(first, calls["bwd"]())) for _ in range(4)
+                )
             rows.append(row)
-    for name, times in plain.items():
+    for name in ("copy", "add"):
+        times = plain[name] if name in plain else eager(plain_fns[name])
         rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
     return rows
 

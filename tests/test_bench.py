@@ -59,3 +59,23 @@ def test_meta_takes_the_commit_from_the_environment(monkeypatch):
     assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] == "0123456789abcdef"
     monkeypatch.delenv("CONV1D_SILU_COMMIT")
     assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] != "0123456789abcdef"
+
+
+def test_timer_alternates_the_callables_within_every_rep():
+    # the same-run ratio's two sides take turns, so a drift during the row reaches both alike
+    order = []
+    timer = bench.Timer(torch.device("cpu"), reps=3, warmup=2, graph=False)
+    runs = [timer.prepare(lambda: order.append("ref")), timer.prepare(lambda: order.append("ours"))]
+    assert order == ["ref", "ref", "ours", "ours"]  # the warm-up calls
+    ref, ours = timer.times(runs)
+    assert order[4:] == ["ref", "ours"] * 3
+    assert len(ref) == len(ours) == 3 and all(t >= 0 for t in ref + ours)
+
+
+def test_same_run_ratio_uses_the_reference_timed_with_ours():
+    result = bench.main(["--cpu", "--shapes", "64,16", "--reps", "3", "--warmup", "1", "--baselines", "eager",
+                         "--no-host", "--calls", "fwd", "bwd"])
+    rows = {(r["call"], r["impl"]): r for r in result["rows"]}
+    for call, ref in bench.SAME_BYTES.items():
+        ours, plain = rows[(call, "conv1d_silu")], rows[(ref, "torch_" + ref)]
+        assert ours["same_run_ratio"] == pytest.approx(ours["median_us"] / plain["median_us"])
