@@ -183,8 +183,11 @@ _smem_raised: dict[int, int] = {}  # id(kernel function) -> the dynamic shared m
 
 
 def _prepare_smem(fn, smem: int, device_index: int) -> None:
-    """Raise the kernel's dynamic shared-memory limit past the 48 KB default when needed."""
-    if smem > device_limits(device_index).smem_default and _smem_raised.get(id(fn), 0) < smem:
+    """Raise the kernel's dynamic shared-memory limit when its dynamic and static shared memory
+    together pass the 48 KB default: the default bounds their sum, so a launch of exactly 48 KB
+    of dynamic memory beside a static variable fails (CUDA_ERROR_INVALID_VALUE) without it."""
+    static = getattr(fn, "shared_size_bytes", 0)
+    if smem + static > device_limits(device_index).smem_default and _smem_raised.get(id(fn), 0) < smem:
         fn.max_dynamic_shared_size_bytes = smem
         _smem_raised[id(fn)] = smem
 

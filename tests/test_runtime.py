@@ -174,6 +174,20 @@ def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkey
     assert fn.max_dynamic_shared_size_bytes == 139264 and fn.sets == 1
 
 
+def test_prepare_smem_counts_the_static_shared_memory(monkeypatch):
+    # the 48 KB default bounds dynamic + static: 48 KB of dynamic memory beside a 4-byte __shared__
+    # flag (the backward's last_flag) needs the raised limit
+    class Kernel:
+        shared_size_bytes = 4
+        max_dynamic_shared_size_bytes = 0
+
+    monkeypatch.setattr(runtime, "device_limits", lambda index: runtime.DeviceLimits(132, 1024, 48 * 1024, 227 * 1024))
+    small, exact = Kernel(), Kernel()
+    runtime._prepare_smem(small, 48 * 1024 - 4, 0)
+    runtime._prepare_smem(exact, 48 * 1024, 0)
+    assert small.max_dynamic_shared_size_bytes == 0 and exact.max_dynamic_shared_size_bytes == 48 * 1024
+
+
 def test_ticket_reserve_hands_out_disjoint_slices():
     """Captured launches each keep tickets of their own, also when threads capture at once."""
     from concurrent.futures import ThreadPoolExecutor
