@@ -4,7 +4,8 @@ For each (S, C) and timed call (fwd, bwd, fwdbwd) it times ours and the baseline
 on cold L2 (a 256 MB buffer is rewritten before every timed call), takes medians, and reports the
 speedup with a 95 % bootstrap CI and the share of the copy bandwidth measured in the same run.
 ``--graph`` times CUDA-graph replays instead (no host overhead). Same-run ratios: the forward
-against ``y.copy_(x)`` and the backward against ``torch.add(x, dy, out=dx)`` of the same shape.
+against ``y.copy_(x)`` and the backward against ``torch.add(x, dy, out=dx)`` of the same shape,
+each timed in alternation with ours within every replay.
 Baselines: PyTorch eager (``F.conv1d`` with ``groups=C``), ``torch.compile(dynamic=True)`` of the
 same op as K shifted multiply-adds (one graph for every shape: Inductor specialises ``groups``),
 causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU fallback
