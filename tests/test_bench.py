@@ -79,3 +79,20 @@ def test_same_run_ratio_uses_the_reference_timed_with_ours():
     for call, ref in bench.SAME_BYTES.items():
         ours, plain = rows[(call, "conv1d_silu")], rows[(ref, "torch_" + ref)]
         assert ours["same_run_ratio"] == pytest.approx(ours["median_us"] / plain["median_us"])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_determinism_check_runs_on_fresh_leaves(bias):
+    from conv1d_silu import causal_conv1d_silu
+
+    x, w = torch.randn(300, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    b = torch.randn(16, requires_grad=True) if bias else None
+    assert bench._bitwise_repeatable(causal_conv1d_silu, x, w, b, torch.randn(300, 16))
+    assert x.grad is None and w.grad is None  # the caller's leaves are left alone
+    calls = []
+
+    def drifting(x, w, b):  # a different result on every call is caught
+        calls.append(1)
+        return causal_conv1d_silu(x, w, b) * (1 + len(calls) * 1e-3)
+
+    assert not bench._bitwise_repeatable(drifting, x, w, b, torch.randn(300, 16))
