@@ -336,14 +336,18 @@ def main(argv=None) -> None:
     p.add_argument("--S", type=int, nargs="*", default=list(DEFAULT_S))
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--jobs", type=int, default=8, help="parallel NVRTC compiles before timing (0: compile lazily)")
-    p.add_argument("--json", help="also dump raw measurements here")
+    p.add_argument("--json", help="also dump the measurements here (with --from-json: the merged ones)")
     p.add_argument("--programs", nargs="*", help="time only these programs (default: every one)")
     p.add_argument("--from-json", nargs="+", help="skip measuring: choose rules from saved dumps (merged: "
                    "later files add programs, variants or shapes; time each (variant, C, S) in one run)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     if args.from_json:
-        ms, meta = merge([json.loads(Path(f).read_text()) for f in args.from_json])
+        dumps = [json.loads(Path(f).read_text()) for f in args.from_json]
+        ms, meta = merge(dumps)
+        # the parts' provenance, so a merged dump (e.g. of gpu-check tune-parts) says where each came from
+        meta = {**meta, "parts": [{k: d["meta"].get(k) for k in ("commit", "date")}
+                                  | {"variants": sorted({m["variant"] for m in d["measurements"]})} for d in dumps]}
     else:
         # --programs of one direction: the other direction's variants have nothing to time
         args.variants = [v for v in args.variants if _programs(v, args.programs)]
@@ -353,8 +357,8 @@ def main(argv=None) -> None:
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
         meta["arch"] = ops._arch(torch.device("cuda"))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
     rules = choose(ms)
     for m in ms:
         print(m.variant, m.S, m.C, " ".join(f"{p}={t:.1f}" for p, t in m.times.items()))

@@ -263,6 +263,31 @@ def test_tuner_merges_dumps_by_variant_shape_and_program():
     }
 
 
+def test_tuner_writes_the_merged_dump_of_its_parts(tmp_path, capsys):
+    # gpu-check tune-parts leaves one dump per variant; --from-json ... --json writes them as one
+    import json
+
+    from conv1d_silu import tune
+
+    def part(variant, programs, commit):
+        ms = [{"variant": variant, "C": C, "S": S, "times": {p: 10.0 + i for i, p in enumerate(programs)},
+               "spread": {p: 0.01 for p in programs}} for C in (256, 264) for S in (32768, 65536)]
+        return {"meta": {"gpu": "H200", "commit": commit, "date": "d"}, "measurements": ms}
+
+    files = []
+    for variant, programs in (("bwd", ["rowgroup", "rowgroup_8b"]), ("fwd", ["fwd_rows", "fwd_rows16_8b"])):
+        files.append(tmp_path / f"tune-{variant}.json")
+        files[-1].write_text(json.dumps(part(variant, programs, "abc")))
+    out = tmp_path / "merged.json"
+    tune.main(["--from-json", *map(str, files), "--json", str(out), "--no-write"])
+    merged = json.loads(out.read_text())
+    assert len(merged["measurements"]) == 8
+    assert merged["meta"]["gpu"] == "H200"
+    assert merged["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd"]},
+                                       {"commit": "abc", "date": "d", "variants": ["fwd"]}]
+    capsys.readouterr()
+
+
 def test_tuner_times_only_the_programs_asked_for():
     from conv1d_silu.tune import _programs
 
