@@ -157,8 +157,9 @@ def forward_plan(
         "conv1d_silu_fwd", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
         "long long" if wide else "int", rows, pipe_depth(K),
     )
-    n_units = math.ceil(S / (LANES * rows)) * n_ctiles
-    block = LANES * tile_v
+    items = math.ceil(S / rows) * tile_v  # (lane, vector) pairs of one channel tile
+    block = min(program.flat_block, items) if program.flat_block else LANES * tile_v
+    n_units = math.ceil(items / block) * n_ctiles
     smem = pipe_bytes(K, 1, block, vec, itemsize)
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off)
 

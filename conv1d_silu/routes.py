@@ -30,13 +30,14 @@ class Program:
     direction: str  # "fwd" or "bwd"
     description: str
     cuda: bool = True  # False: the PyTorch reference (any device)
-    max_tile_vectors: int = 32  # channel vectors per CTA; threads = LANES * tile vectors
+    max_tile_vectors: int = 32  # channel vectors per tile; threads = LANES * tile vectors (see flat_block)
     rows_per_lane: int = 32  # forward: tokens one thread walks
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
     routed: bool = True  # False: forced by name and timed by the tuner, but never picked by a route
+    flat_block: int = 0  # forward: CTAs of this many threads laid flat over the tile's (lane, vector) pairs
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -56,6 +57,19 @@ PROGRAMS: dict[str, Program] = {
             "forward, 8-byte accesses, 16 tokens per thread: more threads for short sequences",
             rows_per_lane=16,
             vec_bytes=8,
+        ),
+        # A tile as wide as the row (up to 8 KB) and 256 threads per CTA whatever C: every thread
+        # busy and whole rows read by one CTA where a row of 392 channels split into 28-vector tiles
+        # left 12 % of the threads idle and cost 23 % more than 384 (docs/performance.md v19).
+        Program(
+            "fwd_flat16_8b",
+            "fwd",
+            "forward, 8-byte accesses, 16 tokens per thread, 256 threads laid flat over whole rows: no idle "
+            "thread at any C",
+            max_tile_vectors=1024,
+            rows_per_lane=16,
+            vec_bytes=8,
+            flat_block=256,
         ),
         Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
         Program(

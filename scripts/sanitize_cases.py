@@ -17,7 +17,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from conv1d_silu import causal_conv1d_silu, routes  # noqa: E402
 from helpers import api_kwargs, assert_close, make_case, naive_grads  # noqa: E402
 
-BWD = [n for n, p in routes.PROGRAMS.items() if p.direction == "bwd"]
+# Every CUDA program once: a forward program name forces the forward, the backward then routes.
+PROGRAMS = [n for n, p in routes.PROGRAMS.items() if p.direction == "bwd"] + [
+    n for n, p in routes.PROGRAMS.items() if p.direction == "fwd"
+]
 CASES = [
     dict(S=700, C=24, K=4, mode="single", dtype=torch.bfloat16),
     dict(S=700, C=7, K=3, mode="cu_seqlens", init=True, dtype=torch.float32),
@@ -35,7 +38,7 @@ def main() -> int:
         dtype = spec.pop("dtype")
         case = make_case(**spec, dtype=dtype, device="cuda", seed=i)
         final = case["n_docs"] is not None and "initial_states" in case
-        for program in BWD:
+        for program in PROGRAMS:
             x = case["x"].detach().requires_grad_()
             w = case["weight"].detach().requires_grad_()
             b = case["bias"].detach().requires_grad_() if case["bias"] is not None else None

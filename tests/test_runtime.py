@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -79,6 +80,18 @@ def test_plans_are_cached_pure_functions():
     assert a is b
     assert a.block == 8 * 24 and a.n_ctiles == 2 and a.root == 5
     assert a.n_units == 978 * 2 and a.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and a.n_tickets == (123 + 16 + 2 + 1) * 2
+
+
+def test_flat_forward_plan_covers_whole_rows_with_every_thread():
+    flat, tiled = routes.PROGRAMS["fwd_flat16_8b"], routes.PROGRAMS["fwd_rows16_8b_a32"]
+    a = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, 392, 250340, 392, 16, False, 0, False, False, True, flat, 1)
+    assert (a.tile_v, a.n_ctiles, a.block) == (98, 1, 256)  # one tile per row of 98 8-byte vectors
+    assert a.n_units == math.ceil(math.ceil(250340 / 16) * 98 / 256)  # every (lane, vector) pair once
+    b = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, 392, 250340, 392, 16, False, 0, False, False, True, tiled, 1)
+    assert (b.tile_v, b.n_ctiles, b.block) == (20, 5, 8 * 20)  # LANES whole lanes per CTA
+    assert b.n_units == math.ceil(250340 / (8 * 16)) * 5
+    c = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, 392, 5, 392, 16, False, 0, False, False, True, flat, 1)
+    assert (c.block, c.n_units) == (98, 1)  # one lane: no CTA larger than the work
 
 
 def test_tree_shape():

@@ -1,9 +1,12 @@
 // Forward template: y = act(bias + sum_k w[k] * xx[t - (K-1) + k]), one template for every variant.
 //
-// Geometry (conv1d_silu/gpu.py): a CTA has LANES x tile_v threads; thread (lane, v) owns channel
-// vector v of its tile (VEC channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks ROWS
-// consecutive tokens, keeping the K-token window of x in registers. Work units are (row group,
-// channel tile) pairs with the channel tile fastest, so neighbouring CTAs read neighbouring bytes.
+// Geometry (conv1d_silu/gpu.py): a thread owns one channel vector v of a channel tile (VEC
+// channels, one 16-byte load for bf16/fp16 when VEC = 8) and walks ROWS consecutive tokens (a
+// lane), keeping the K-token window of x in registers. A CTA's threads lie flat over the tile's
+// (lane, v) pairs, v fastest: LANES x tile_v threads are LANES whole lanes, and a tile as wide as
+// the row with any block size covers whole rows with no idle thread at any C. Work units are
+// (thread group, channel tile) pairs with the channel tile fastest, so neighbouring CTAs read
+// neighbouring bytes.
 // x arrives through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead
 // of the math.
 #include "common.cuh"
@@ -22,14 +25,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   const RowPipe<T, VEC, K, 1, DEPTH> pipe{reinterpret_cast<T*>(smem_raw)};
   const DocArgs da{table, S, row_len, n_docs};
-  const int lane = threadIdx.x / tile_v;
-  const int vl = threadIdx.x - lane * tile_v;
 
   for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
     const int ct = (int)(unit % n_ctiles);
-    const long long group = unit / n_ctiles;
-    const int c0 = (ct * tile_v + vl) * VEC;
-    const long long r0 = (group * LANES + lane) * ROWS;
+    const long long item = unit / n_ctiles * blockDim.x + threadIdx.x;  // (lane, v) of this tile
+    const long long lane = item / tile_v;
+    const int c0 = (ct * tile_v + (int)(item - lane * tile_v)) * VEC;
+    const long long r0 = lane * ROWS;
     if (c0 >= C || r0 >= S) continue;
 
     const int rows = (int)min_<long long>(ROWS, S - r0);
