@@ -180,6 +180,37 @@ def merge(dumps: list[dict]) -> tuple[list[Measurement], dict]:
     return list(merged.values()), dumps[0]["meta"]
 
 
+def provenance(dumps: list[dict]) -> list[dict]:
+    """Where the merged times come from: one entry per run (commit, date) with the variants whose
+    times it supplies, the last dump holding a variant owning it (re-time a variant's whole grid in
+    one run); a dump that is itself a merge gives its own parts."""
+    owner: dict[str, tuple] = {}
+    for d in dumps:
+        parts = d["meta"].get("parts") or [{"commit": d["meta"].get("commit"), "date": d["meta"].get("date")}]
+        for variant in sorted({m["variant"] for m in d["measurements"]}):
+            src = next((p for p in parts if variant in p.get("variants", (variant,))), parts[0])
+            owner[variant] = (src["commit"], src["date"])
+    runs: dict[tuple, list[str]] = {}
+    for variant, run in owner.items():
+        runs.setdefault(run, []).append(variant)
+    return [{"commit": c, "date": t, "variants": sorted(v)} for (c, t), v in runs.items()]
+
+
+def _measured_at(meta: dict) -> str:
+    """'commit X, date' of one run, or each part's commit, variants and date."""
+    if not meta.get("parts"):
+        return f"commit {meta['commit'][:10]}, {meta['date']}"
+    by_commit: dict[str, list[dict]] = {}
+    for p in meta["parts"]:
+        by_commit.setdefault(p["commit"], []).append(p)
+    out = []
+    for commit, parts in by_commit.items():
+        dates = sorted(p["date"] for p in parts)
+        when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+        out.append(f"{commit[:10]} ({', '.join(v for p in parts for v in p['variants'])}: {when})")
+    return "commits " + "; ".join(out)
+
+
 def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:
     """How much slower than ``fastest`` ``program`` may measure and still count as tied: the
     margin, widened by either spread (IQR / median) up to NOISE_CAP, so a noisy program cannot
@@ -260,7 +291,7 @@ def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> 
     path = ROOT / f"routes_{arch.replace('sm_', 'sm')}.py"
     lines = [
         f'"""Measured {arch} route rows, written by ``python -m conv1d_silu.tune`` on {meta["gpu"]}',
-        f'({meta["date"]}, commit {meta["commit"][:10]}). Evidence: docs/routes-{arch}.md."""',
+        f'({_measured_at(meta)}). Evidence: docs/routes-{arch}.md."""',
         "",
         "from __future__ import annotations",
         "",
@@ -290,8 +321,8 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
     out = [
         f"# Route evidence for {arch}",
         "",
-        f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, commit {meta['commit'][:10]}, "
-        f"{meta['date']}: bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
+        f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, {_measured_at(meta)}: "
+        "bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
         "(allocation, ticket memset, kernels), timed with CUDA events. At every measured point the routed program is the "
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
@@ -346,8 +377,7 @@ def main(argv=None) -> None:
         dumps = [json.loads(Path(f).read_text()) for f in args.from_json]
         ms, meta = merge(dumps)
         # the parts' provenance, so a merged dump (e.g. of gpu-check tune-parts) says where each came from
-        meta = {**meta, "parts": [{k: d["meta"].get(k) for k in ("commit", "date")}
-                                  | {"variants": sorted({m["variant"] for m in d["measurements"]})} for d in dumps]}
+        meta = {**meta, "parts": provenance(dumps)}
     else:
         # --programs of one direction: the other direction's variants have nothing to time
         args.variants = [v for v in args.variants if _programs(v, args.programs)]

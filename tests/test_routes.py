@@ -283,8 +283,14 @@ def test_tuner_writes_the_merged_dump_of_its_parts(tmp_path, capsys):
     merged = json.loads(out.read_text())
     assert len(merged["measurements"]) == 8
     assert merged["meta"]["gpu"] == "H200"
-    assert merged["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd"]},
-                                       {"commit": "abc", "date": "d", "variants": ["fwd"]}]
+    assert merged["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd", "fwd"]}]  # one run
+    # a later part re-timing one variant takes it over, the merged dump keeps the others' parts
+    files.append(tmp_path / "tune-fwd-new.json")
+    files[-1].write_text(json.dumps(part("fwd", ["fwd_rows", "fwd_rows16_8b"], "def")))
+    tune.main(["--from-json", str(out), str(files[-1]), "--json", str(out), "--no-write"])
+    assert json.loads(out.read_text())["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd"]},
+                                                            {"commit": "def", "date": "d", "variants": ["fwd"]}]
+    assert tune._measured_at(json.loads(out.read_text())["meta"]) == "commits abc (bwd: d); def (fwd: d)"
     capsys.readouterr()
 
 
