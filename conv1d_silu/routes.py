@@ -30,14 +30,17 @@ class Program:
     direction: str  # "fwd" or "bwd"
     description: str
     cuda: bool = True  # False: the PyTorch reference (any device)
-    max_tile_vectors: int = 32  # channel vectors per tile; threads = LANES * tile vectors (see flat_block)
+    max_tile_vectors: int = 32  # channel vectors per tile (flat backward: columns); threads = LANES * tile vectors
     rows_per_lane: int = 32  # forward: tokens one thread walks
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
     routed: bool = True  # False: forced by name and timed by the tuner, but never picked by a route
-    flat_block: int = 0  # forward: CTAs of this many threads laid flat over the tile's (lane, vector) pairs
+    # CTAs laid flat over the row-major (lane or node, vector) pairs, so no thread idles at any C:
+    # the forward's 256-thread CTAs cover whole rows; the backward's cover max_tile_vectors
+    # (node, vector) columns of LANES lanes each, one ticket per column
+    flat: bool = False
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -58,18 +61,16 @@ PROGRAMS: dict[str, Program] = {
             rows_per_lane=16,
             vec_bytes=8,
         ),
-        # A tile as wide as the row (up to 8 KB) and 256 threads per CTA whatever C: every thread
-        # busy and whole rows read by one CTA where a row of 392 channels split into 28-vector tiles
-        # left 12 % of the threads idle and cost 23 % more than 384 (docs/performance.md v19).
+        # Rows of 392 channels in 28-vector tiles left 12 % of the threads idle and cost 23 % more
+        # than 384; laid flat they cost 8 % more (docs/performance.md v19).
         Program(
             "fwd_flat16_8b",
             "fwd",
             "forward, 8-byte accesses, 16 tokens per thread, 256 threads laid flat over whole rows: no idle "
             "thread at any C",
-            max_tile_vectors=1024,
             rows_per_lane=16,
             vec_bytes=8,
-            flat_block=256,
+            flat=True,
         ),
         Program("rowgroup", "bwd", "row groups of 8 slabs x channel tiles, one CTA per group"),
         Program(
@@ -101,6 +102,25 @@ PROGRAMS: dict[str, Program] = {
             max_tile_vectors=16,
             slabs_per_lane=8,
             vec_bytes=8,
+        ),
+        Program(
+            "rowgroup_flat_8b",
+            "bwd",
+            "row groups of 8 slabs, 8-byte accesses, 16 (node, vector) columns per CTA laid flat over the rows: "
+            "no idle thread at any C",
+            max_tile_vectors=16,
+            vec_bytes=8,
+            flat=True,
+        ),
+        Program(
+            "rowgroup_long_flat_8b",
+            "bwd",
+            "row groups of 64 slabs (8 per thread), 8-byte accesses, 16 (node, vector) columns per CTA laid flat "
+            "over the rows",
+            max_tile_vectors=16,
+            slabs_per_lane=8,
+            vec_bytes=8,
+            flat=True,
         ),
         Program(
             "rowgroup_sm",
