@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
-  __shared__ int last_col[32];  // flat: which columns arrived last at their parent (tile_v <= 32)
+  // flat (tile_v <= 32): each column's node and first channel, and whether it arrived last
+  __shared__ long long col_node[32];
+  __shared__ int col_c[32], last_col[32];
   A* ws = reinterpret_cast<A*>(workspace);
 
   const DocArgs da{table, S, row_len, n_docs};
@@ -76,6 +78,10 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     long long node;
     int c0;
     column(unit, vl, node, c0);
+    if (n_vec > 0 && lane == 0) {  // read after the barrier before the fold
+      col_node[vl] = node;
+      col_c[vl] = c0;
+    }
     const long long r0 = (node * LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
     A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
@@ -303,6 +309,15 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 
     // Fold the LANES lane values into this CTA's nodes, then climb the tree by tickets.
     const int c_base = ct * tile_c;
+    auto col_at = [&](int g, long long& node_g, int& c) {  // column g's node and first channel
+      if (n_vec > 0) {
+        node_g = col_node[g];
+        c = col_c[g];
+      } else {
+        node_g = node;
+        c = c_base + g * VEC;
+      }
+    };
     const int n_vals = NB * tile_c;
     long long n_level = n_nodes;
     long long ws_off = 0;    // workspace offset of the current level
@@ -311,7 +326,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
       long long node_g;
       int c;
-      column(unit, g, node_g, c);
+      col_at(g, node_g, c);
       if (c >= C) continue;
       c += cl - g * VEC;
       A v = slot[k * tile_c + cl];
@@ -333,7 +348,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           const int g = threadIdx.x;
           long long node_g;
           int c;
-          column(unit, g, node_g, c);
+          col_at(g, node_g, c);
           bool last = false;
           if (c < C && (level == CTA_LEVEL || last_col[g])) {
             const long long parent = node_g / span;
@@ -356,7 +371,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
           long long node_g = 0;
           int c = C;
-          if (i < n_vals && last_col[g]) column(unit, g, node_g, c);
+          if (i < n_vals && last_col[g]) col_at(g, node_g, c);
           const long long parent = node_g / span;
           const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
 #pragma unroll
@@ -371,7 +386,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           if (i >= n_vals || !last_col[g]) continue;
           long long node_g;
           int c;
-          column(unit, g, node_g, c);
+          col_at(g, node_g, c);
           if (c >= C) continue;
           c += cl - g * VEC;
           const long long parent = node_g / span;
