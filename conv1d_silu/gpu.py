@@ -134,7 +134,6 @@ class Plan:
     root: int = 0
     ws_elems: int = 0
     n_tickets: int = 0
-    n_vec: int = 0  # backward: vectors per row when the CTAs lie flat over (node, vector) columns
 
 
 FLAT_FWD_BLOCK = 256  # threads of a flat forward CTA
@@ -304,16 +303,14 @@ def backward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
+    tile_v = program_tile(program, C, vec, itemsize)
+    n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
     cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
-    n_vec = C // vec if program.flat else 0  # flat: tile_v (node, vector) columns per CTA
-    tile_v = min(program.max_tile_vectors, 32) if program.flat else program_tile(program, C, vec, itemsize)
-    n_ctiles = 1 if program.flat else math.ceil(C // vec / tile_v)
-    n_units = math.ceil(nodes[cta_level] * n_vec / tile_v) if program.flat else nodes[cta_level] * n_ctiles
     ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
-    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -323,7 +320,8 @@ def backward_plan(
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
-    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec)
+    n_units = nodes[cta_level] * n_ctiles
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
 
 
 def backward(
@@ -389,7 +387,7 @@ def backward(
             x, x_stride, dy, dy_stride, dense(weight), dense(bias),
             _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
             S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
-            0 if next_x is None else next_x.shape[0], plan.n_vec,
+            0 if next_x is None else next_x.shape[0],
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
