@@ -159,3 +159,18 @@ def test_dweight_and_dbias_are_the_canonical_reduction(kernel_backend, shape, dt
         causal_conv1d_silu(xs, ws, bs, activation=None, program=name, **kw).backward(dy.to(dev))
         assert torch.equal(ws.grad.cpu(), want_w), name
         assert torch.equal(bs.grad.cpu(), want_b), name
+
+
+@pytest.mark.parametrize("mode", ["single", "cu_seqlens"])
+def test_flat_forward_rows_wider_than_a_cta(kernel_backend, mode):
+    """fwd_flat16_8b with a row of more vectors than a CTA has threads (C = 1040 bf16: 260 8-byte
+    vectors, 256 threads): a lane's row spans two CTAs, and the bits equal the tiled program's."""
+    case = make_case(S=90, C=1040, K=4, mode=mode, init=mode != "single", dtype=torch.bfloat16,
+                     device=kernel_backend.device)
+    kw = api_kwargs(case)
+    ys = [causal_conv1d_silu(case["x"], case["weight"], case["bias"], program=p, **kw)
+          for p in ("fwd_flat16_8b", "fwd_rows16_8b")]
+    assert torch.equal(ys[0], ys[1])
+    ref = causal_conv1d_silu(case["x"].cpu(), case["weight"].cpu(), case["bias"].cpu(), program="reference",
+                             **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kw.items()})
+    torch.testing.assert_close(ys[0].cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
