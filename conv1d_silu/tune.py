@@ -322,7 +322,7 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         f"# Route evidence for {arch}",
         "",
         f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, {_measured_at(meta)}: "
-        "bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
+        f"bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
         "(allocation, ticket memset, kernels), timed with CUDA events. At every measured point the routed program is the "
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "

@@ -357,3 +357,19 @@ def test_tuner_times_every_program_at_a_point(kernel_backend):
     assert (m.variant, m.C, m.S) == ("bwd_bias", 24, 300)
     assert set(m.times) == set(m.spread) == {"rowgroup", "rowgroup_long_8b"}
     assert all(t > 0 for t in m.times.values())
+
+
+def test_tuner_evidence_header_names_its_runs(tmp_path, monkeypatch):
+    from conv1d_silu import tune
+    from conv1d_silu.tune import Measurement
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "docs").mkdir()
+    monkeypatch.setattr(tune, "ROOT", tmp_path / "pkg")
+    ms = [Measurement("bwd", 256, 32768, {"rowgroup": 10.0, "rowgroup_8b": 8.0}, {"rowgroup": 0.01, "rowgroup_8b": 0.01})]
+    meta = {"gpu": "H200", "torch": "2.x", "reps": 9, "commit": "abc", "date": "d",
+            "parts": [{"commit": "abc", "date": "d", "variants": ["bwd"]}]}
+    text = tune.write_evidence("sm_90", ms, tune.choose(ms), meta).read_text()
+    header = text.splitlines()[2]
+    assert "commits abc (bwd: d): bf16, K = 4, cold L2, median of 9 CUDA-graph replays" in header
+    assert "{" not in header
