@@ -140,7 +140,10 @@ FLAT_FWD_BLOCK = 256  # threads of a flat forward CTA
 
 
 def program_tile(program: Program, C: int, vec: int, itemsize: int) -> int:
-    """Channel vectors per CTA tile for ``program`` at ``C`` channels of ``vec``-wide vectors."""
+    """Channel vectors per CTA tile for ``program`` at ``C`` channels of ``vec``-wide vectors (a flat
+    program's tile is the whole row)."""
+    if program.flat:
+        return C // vec
     return tile_vectors(C // vec, program.max_tile_vectors, max(1, program.tile_align_bytes // (vec * itemsize)))
 
 
@@ -151,7 +154,7 @@ def forward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False, max_bytes=program.vec_bytes)
-    tile_v = C // vec if program.flat else program_tile(program, C, vec, itemsize)  # flat: whole rows
+    tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
     rows = program.rows_per_lane
     max_off = _max_offset(S, C, [row_stride], n_docs, K)

@@ -179,17 +179,19 @@ def current_stream_ptr(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-_smem_raised: dict[int, int] = {}  # id(kernel function) -> the dynamic shared memory it allows
+_smem_ready: dict[int, int] = {}  # id(kernel function) -> the dynamic shared memory it is prepared for
 
 
 def _prepare_smem(fn, smem: int, device_index: int) -> None:
     """Raise the kernel's dynamic shared-memory limit when its dynamic and static shared memory
     together pass the 48 KB default: the default bounds their sum, so a launch of exactly 48 KB
-    of dynamic memory beside a static variable fails (CUDA_ERROR_INVALID_VALUE) without it."""
-    static = getattr(fn, "shared_size_bytes", 0)
-    if smem + static > device_limits(device_index).smem_default and _smem_raised.get(id(fn), 0) < smem:
+    of dynamic memory beside a static variable fails (CUDA_ERROR_INVALID_VALUE) without it.
+    Each size is checked once per kernel: the static size is a driver query, not for every launch."""
+    if _smem_ready.get(id(fn), -1) >= smem:
+        return
+    if smem + getattr(fn, "shared_size_bytes", 0) > device_limits(device_index).smem_default:
         fn.max_dynamic_shared_size_bytes = smem
-        _smem_raised[id(fn)] = smem
+    _smem_ready[id(fn)] = smem
 
 
 @functools.lru_cache(maxsize=4096)

@@ -122,7 +122,7 @@ def use_variant(name: str) -> None:
     gpu.backward_plan.cache_clear()
     gpu.forward_plan.cache_clear()
     runtime._functions.clear()
-    runtime._smem_raised.clear()
+    runtime._smem_ready.clear()
 
 
 def register_program(spec: str) -> None:
@@ -151,7 +151,7 @@ def pin_ctas(ctas: int) -> None:
         return dataclasses.replace(plan, smem=max(plan.smem, SM_SMEM // ctas - 1024))
 
     gpu.backward_plan = padded if ctas else _plan
-    runtime._smem_raised.clear()
+    runtime._smem_ready.clear()
 
 
 _prepare = runtime._prepare_smem

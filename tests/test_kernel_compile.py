@@ -164,7 +164,7 @@ def test_ab_experiment_host_variants(monkeypatch):
     for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS")):
         monkeypatch.setattr(obj, attr, getattr(obj, attr))  # restored after the test
     monkeypatch.setattr(runtime, "_functions", {})
-    monkeypatch.setattr(runtime, "_smem_raised", {})
+    monkeypatch.setattr(runtime, "_smem_ready", {})
     base_depth = pipe_depth(4)
     reserve = gpu._TicketReserve()
     reserve.buf = torch.zeros(8, dtype=torch.int32)  # room for a capture's tickets
@@ -188,7 +188,7 @@ def test_ab_experiment_file_variant_and_program_fields(monkeypatch, tmp_path):
     for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS")):
         monkeypatch.setattr(obj, attr, getattr(obj, attr))
     monkeypatch.setattr(runtime, "_functions", {})
-    monkeypatch.setattr(runtime, "_smem_raised", {})
+    monkeypatch.setattr(runtime, "_smem_ready", {})
     monkeypatch.setattr(routes, "PROGRAMS", dict(routes.PROGRAMS))
     old = tmp_path / "bwd_old.cu"
     old.write_text("// an older backward\n")

@@ -179,6 +179,7 @@ def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkey
             object.__setattr__(self, name, value)
 
     monkeypatch.setattr(runtime, "device_limits", lambda index: runtime.DeviceLimits(132, 1024, 48 * 1024, 227 * 1024))
+    monkeypatch.setattr(runtime, "_smem_ready", {})  # ids of other tests' dead objects may recur
     fn = Kernel()
     runtime._prepare_smem(fn, 1024, 0)
     assert not hasattr(fn, "sets")  # under the default: nothing to raise
@@ -195,6 +196,7 @@ def test_prepare_smem_counts_the_static_shared_memory(monkeypatch):
         max_dynamic_shared_size_bytes = 0
 
     monkeypatch.setattr(runtime, "device_limits", lambda index: runtime.DeviceLimits(132, 1024, 48 * 1024, 227 * 1024))
+    monkeypatch.setattr(runtime, "_smem_ready", {})
     small, exact = Kernel(), Kernel()
     runtime._prepare_smem(small, 48 * 1024 - 4, 0)
     runtime._prepare_smem(exact, 48 * 1024, 0)
