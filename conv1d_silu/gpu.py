@@ -134,16 +134,18 @@ class Plan:
     root: int = 0
     ws_elems: int = 0
     n_tickets: int = 0
+    n_vec: int = 0  # backward: vectors per row when the CTAs lie flat over (node, vector) columns
 
 
 FLAT_FWD_BLOCK = 256  # threads of a flat forward CTA
 
 
 def program_tile(program: Program, C: int, vec: int, itemsize: int) -> int:
-    """Channel vectors per CTA tile for ``program`` at ``C`` channels of ``vec``-wide vectors (a flat
-    program's tile is the whole row)."""
+    """Channel vectors per CTA tile for ``program`` at ``C`` channels of ``vec``-wide vectors. A flat
+    forward's tile is the whole row; a flat backward's is ``max_tile_vectors`` (tree node, vector)
+    columns (at most 32, the kernel's column table), which may span rows and nodes."""
     if program.flat:
-        return C // vec
+        return C // vec if program.direction == "fwd" else min(program.max_tile_vectors, 32)
     return tile_vectors(C // vec, program.max_tile_vectors, max(1, program.tile_align_bytes // (vec * itemsize)))
 
 
@@ -306,25 +308,26 @@ def backward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
-    tile_v = program_tile(program, C, vec, itemsize)
-    n_ctiles = math.ceil(C // vec / tile_v)
     spl = program.slabs_per_lane
     cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
+    n_vec = C // vec if program.flat else 0  # flat: tile_v (node, vector) columns per CTA
+    tile_v = program_tile(program, C, vec, itemsize)
+    n_ctiles = 1 if program.flat else math.ceil(C // vec / tile_v)
+    n_units = math.ceil(nodes[cta_level] * n_vec / tile_v) if program.flat else nodes[cta_level] * n_ctiles
     ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
-    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_ctiles
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", spl, pipe_depth(K),
+        "long long" if wide else "int", spl, pipe_depth(K), program.flat,
     )
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
-    n_units = nodes[cta_level] * n_ctiles
-    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets)
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec)
 
 
 def backward(
@@ -390,7 +393,7 @@ def backward(
             x, x_stride, dy, dy_stride, dense(weight), dense(bias),
             _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
             S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
-            0 if next_x is None else next_x.shape[0],
+            0 if next_x is None else next_x.shape[0], plan.n_vec,
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),

@@ -30,14 +30,17 @@ class Program:
     direction: str  # "fwd" or "bwd"
     description: str
     cuda: bool = True  # False: the PyTorch reference (any device)
-    max_tile_vectors: int = 32  # channel vectors per tile; threads = LANES * tile vectors (not flat)
+    max_tile_vectors: int = 32  # channel vectors per tile (flat backward: columns); threads = LANES * tile vectors
     rows_per_lane: int = 32  # forward: tokens one thread walks
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
     routed: bool = True  # False: forced by name and timed by the tuner, but never picked by a route
-    flat: bool = False  # forward: 256-thread CTAs laid flat over whole rows' (lane, vector) pairs (gpu.forward_plan)
+    # CTAs laid flat over the row-major (lane or node, vector) pairs, so no thread idles at any C:
+    # the forward's 256-thread CTAs cover whole rows; the backward's cover max_tile_vectors
+    # (node, vector) columns of LANES lanes each, one ticket per column
+    flat: bool = False
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -99,6 +102,25 @@ PROGRAMS: dict[str, Program] = {
             max_tile_vectors=16,
             slabs_per_lane=8,
             vec_bytes=8,
+        ),
+        Program(
+            "rowgroup_flat_8b",
+            "bwd",
+            "row groups of 8 slabs, 8-byte accesses, 16 (node, vector) columns per CTA laid flat over the rows: "
+            "no idle thread at any C",
+            max_tile_vectors=16,
+            vec_bytes=8,
+            flat=True,
+        ),
+        Program(
+            "rowgroup_long_flat_8b",
+            "bwd",
+            "row groups of 64 slabs (8 per thread), 8-byte accesses, 16 (node, vector) columns per CTA laid flat "
+            "over the rows",
+            max_tile_vectors=16,
+            slabs_per_lane=8,
+            vec_bytes=8,
+            flat=True,
         ),
         Program(
             "rowgroup_sm",

@@ -37,7 +37,8 @@ FWD = [
     (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
 ]
 INSTANCES = {
-    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3])) for a in BWD],
+    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3]), flat)
+                        for a in BWD for flat in (False, True)],
     "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
 ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
@@ -115,8 +116,8 @@ def test_kernels_compile(source, arch, tmp_path):
 # performance regression (docs/performance.md v8).
 HOT = [
     ("conv1d_silu_bwd", kernels.name_expression("conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, True, SINGLE, False, True,
-                                                "int", spl, pipe_depth(4)), 128)
-    for spl in (1, 8)
+                                                "int", spl, pipe_depth(4), flat), 128)
+    for spl in (1, 8) for flat in (False, True)
 ] + [
     ("conv1d_silu_fwd", kernels.name_expression("conv1d_silu_fwd", bf16, bf16, 4, 4, True, SINGLE, False, False, True,
                                                 "int", rows, pipe_depth(4)), 64)

@@ -94,6 +94,15 @@ def test_flat_forward_plan_covers_whole_rows_with_every_thread():
     assert (c.block, c.n_units) == (98, 1)  # one lane: no CTA larger than the work
 
 
+def test_flat_backward_plan_has_a_column_per_node_and_vector():
+    p = routes.PROGRAMS["rowgroup_flat_8b"]
+    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 32768, 264, 264, 16, True, 0, False, True, p, 1)
+    # 128 level-1 nodes x 66 vectors = 8448 columns, 16 per 128-thread CTA: 528 CTAs, exactly the
+    # H200's 132 SMs x 4 resident CTAs
+    assert (a.n_vec, a.tile_v, a.block, a.n_units) == (66, 16, 128, 528)
+    assert a.n_tickets == (16 + 2 + 1) * 66  # one per (parent, vector) at levels 2..4
+
+
 def test_tree_shape():
     assert gpu.tree_shape(1) == (2, [1, 1, 1])
     assert gpu.tree_shape(250340) == (5, [7824, 978, 123, 16, 2, 1])  # 32-token slabs, fan-in 8

@@ -9,19 +9,23 @@
 // fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
-// Geometry: a CTA has LANES x tile_v threads. A work unit is one tree node at level cta_level
-// (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8) times one channel tile. The
-// CTA folds its lanes into the node in shared memory, writes it to the workspace, and takes a
-// ticket on the parent; the last of the parent's children to arrive folds the parent, and so on
-// up to the root, which is written as dweight/dbias (or added to the fp32 main_grad). Tickets
-// order only the fold: no gradient value is ever summed atomically.
+// Geometry: a CTA has LANES x tile_v threads: tile_v columns of LANES lanes. A column is one
+// tree node at level cta_level (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8)
+// times one channel vector. Tiled (!FLAT): a work unit is one node times one channel tile of
+// tile_v vectors, and takes one ticket per parent. FLAT (n_vec = vectors per row): units run over
+// the row-major (node, vector) columns, tile_v at a time, so no thread idles whatever C, and
+// each column takes its own ticket. The CTA folds its lanes into the nodes in shared memory,
+// writes them to the workspace, and takes tickets on the parents; the last of a parent's
+// children to arrive folds the parent, and so on up to the root, which is written as
+// dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
+// is ever summed atomically.
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int SPL, int DEPTH>
+          bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
     const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
@@ -29,7 +33,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
     void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, long long C_,
     long long tile_v_, long long n_ctiles_, long long n_units, long long root_level_,
-    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_) {
+    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_, long long n_vec) {
   using namespace c1s;
   // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
   const int n_docs = (int)n_docs_, accumulate = (int)accumulate_, C = (int)C_, tile_v = (int)tile_v_;
@@ -46,6 +50,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
+  // FLAT (tile_v <= 32): each column's node and first channel, and whether it arrived last
+  __shared__ long long col_node[FLAT ? 32 : 1];
+  __shared__ int col_c[FLAT ? 32 : 1], last_col[FLAT ? 32 : 1];
   A* ws = reinterpret_cast<A*>(workspace);
 
   const DocArgs da{table, S, row_len, n_docs};
@@ -53,11 +60,30 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   const int vl = threadIdx.x - lane * tile_v;
   const int tile_c = tile_v * VEC;
   const long long n_slabs = (S + SLAB - 1) / SLAB;
+  const long long n_nodes = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;  // at the CTA's level
+  // Column g of a unit: its node and first channel (C: no such column).
+  auto column = [&](long long unit, int g, long long& node, int& c) {
+    if (FLAT) {
+      const long long col = unit * tile_v + g;
+      // columns fit in 32 bits at any practical size (nodes x vectors); the 64-bit division is a
+      // ~70-instruction routine
+      node = col < 0x7fffffff ? (long long)((unsigned)col / (unsigned)n_vec) : col / n_vec;
+      c = node < n_nodes ? (int)(col - node * n_vec) * VEC : C;
+    } else {
+      node = unit / n_ctiles;
+      c = ((int)(unit % n_ctiles) * tile_v + g) * VEC;
+    }
+  };
 
   for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
     const int ct = (int)(unit % n_ctiles);
-    const long long node = unit / n_ctiles;
-    const int c0 = (ct * tile_v + vl) * VEC;
+    long long node;
+    int c0;
+    column(unit, vl, node, c0);
+    if (FLAT && lane == 0) {  // read after the barrier before the fold
+      col_node[vl] = node;
+      col_c[vl] = c0;
+    }
     const long long r0 = (node * LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
     A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
@@ -283,23 +309,103 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     }
     __syncthreads();
 
-    // Fold the LANES lane values into this CTA's node, then climb the tree by tickets.
+    // Fold the LANES lane values into this CTA's nodes, then climb the tree by tickets.
     const int c_base = ct * tile_c;
+    auto col_at = [&](int g, long long& node_g, int& c) {  // column g's node and first channel
+      if (FLAT) {
+        node_g = col_node[g];
+        c = col_c[g];
+      } else {
+        node_g = node;
+        c = c_base + g * VEC;
+      }
+    };
     const int n_vals = NB * tile_c;
-    long long n_level = (n_slabs + NODE_SLABS - 1) / NODE_SLABS;
+    long long n_level = n_nodes;
     long long ws_off = 0;    // workspace offset of the current level
     long long tk_off = 0;    // ticket offset of the parent level
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
-      const int k = i / tile_c, cl = i - k * tile_c, c = c_base + cl;
+      const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
+      long long node_g;
+      int c;
+      col_at(g, node_g, c);
       if (c >= C) continue;
+      c += cl - g * VEC;
       A v = slot[k * tile_c + cl];
 #pragma unroll
       for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
       if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
-        ws[ws_off + (node * NB + k) * C + c] = v;
+        ws[ws_off + (node_g * NB + k) * C + c] = v;
       }
+    }
+    if (FLAT) {
+      // Flat: one ticket per (parent, vector), taken by thread g for column g; the columns that
+      // arrived last fold their parents together, level by level.
+      static_assert(FAN == 8, "parents by shifts");
+      int shift = 3;  // a CTA-level node's parent at this level: node >> shift (no 64-bit division)
+      for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {
+        __syncthreads();  // the nodes are written, last_col's previous reads done
+        bool last = false;
+        if (threadIdx.x < tile_v) {
+          const int g = threadIdx.x;
+          long long node_g;
+          int c;
+          col_at(g, node_g, c);
+          if (c < C && (level == CTA_LEVEL || last_col[g])) {
+            const long long parent = node_g >> shift;
+            const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+            unsigned int* tk = &tickets[tk_off + parent * n_vec + c / VEC];
+            last = ticket_add(tk) + 1 == (unsigned int)children;
+            if (last) *tk = 0;  // every child has arrived: left at zero for the next launch
+          }
+          last_col[g] = last;
+        }
+        // orders the acquires before every thread's reads of the children; any parent to fold?
+        if (!__syncthreads_or(last)) break;
+        const long long parent_off = ws_off + n_level * NB * C;
+        A ch[FOLD_VALUES][FAN];  // as below: every child loaded before the first add
+#pragma unroll
+        for (int r = 0; r < FOLD_VALUES; ++r) {
+          const int i = threadIdx.x + r * blockDim.x;  // (k, g, e), e fastest
+          const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
+          long long node_g = 0;
+          int c = C;
+          if (i < n_vals && last_col[g]) col_at(g, node_g, c);
+          const long long parent = node_g >> shift;
+          const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+#pragma unroll
+          for (int j = 0; j < FAN; ++j)
+            ch[r][j] = c < C && j < children
+                           ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c + cl - g * VEC]) : A(0);
+        }
+#pragma unroll
+        for (int r = 0; r < FOLD_VALUES; ++r) {
+          const int i = threadIdx.x + r * blockDim.x;
+          const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
+          if (i >= n_vals || !last_col[g]) continue;
+          long long node_g;
+          int c;
+          col_at(g, node_g, c);
+          if (c >= C) continue;
+          c += cl - g * VEC;
+          const long long parent = node_g >> shift;
+          A v = ch[r][0];
+#pragma unroll
+          for (int j = 1; j < FAN; ++j) v += ch[r][j];
+          if (level + 1 == root_level) {
+            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+          } else {
+            ws[parent_off + (parent * NB + k) * C + c] = v;
+          }
+        }
+        ws_off = parent_off;
+        tk_off += ((n_level + FAN - 1) / FAN) * n_vec;
+        n_level = (n_level + FAN - 1) / FAN;
+      }
+      __syncthreads();  // the slots and last_col are reused by the next unit
+      continue;
     }
     long long idx = node;
     for (int level = CTA_LEVEL; level < root_level; ++level) {

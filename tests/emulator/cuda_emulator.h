@@ -55,6 +55,9 @@ struct State {
   ucontext_t scheduler;
   std::vector<unsigned char> smem;
   const std::function<void()>* body = nullptr;
+  // __syncthreads_or: barrier k collects into vote[k % 2], cleared when barrier k - 1 opens
+  unsigned int generation = 0;
+  int vote[2] = {0, 0};
 };
 
 inline State& state() {
@@ -87,6 +90,8 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
     if (f.stack.size() < (1 << 17)) f.stack.resize(1 << 17);
   for (unsigned int b = 0; b < grid; ++b) {
     s.block_idx.x = b;
+    s.generation = 0;
+    s.vote[0] = s.vote[1] = 0;
     for (unsigned int t = 0; t < block; ++t) {
       Fiber& f = s.fibers[t];
       f.tid.x = t;
@@ -113,6 +118,7 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
       if (waiting == 0) break;
       if (done != 0) return 1;
       for (auto& f : s.fibers) f.waiting = false;
+      s.vote[++s.generation % 2] = 0;
     }
   }
   return 0;
@@ -172,6 +178,13 @@ inline unsigned short f32_to_f16(float f) {
 #define CONV1D_SILU_DYNAMIC_SMEM(name) unsigned char* name = emu::state().smem.data()
 
 inline void __syncthreads() { emu::barrier(); }
+inline int __syncthreads_or(int predicate) {
+  emu::State& s = emu::state();
+  const unsigned int g = s.generation % 2;
+  s.vote[g] |= predicate != 0;
+  emu::barrier();
+  return s.vote[g];
+}
 inline void __threadfence() {}
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
   const unsigned int old = *p;
