@@ -3,8 +3,8 @@
     ncu --clock-control none --profile-from-start off --set full -o prof \
         python3 scripts/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
-Each case is ``call:S:C[:program]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias, random
-inputs). Every case runs once before profiling starts, so compilation and the first-call work stay
+Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
+``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts, so compilation and the first-call work stay
 outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
 scripts/ab_experiment.py (e.g. no_math) to every case.
 """
@@ -25,19 +25,21 @@ from conv1d_silu import causal_conv1d_silu  # noqa: E402
 def make(spec: str):
     call, S, C, *rest = spec.split(":")
     S, C = int(S), int(C)
-    program = rest[0] if rest else None
+    program = rest[0] if rest and rest[0] else None
+    bias = "nobias" not in rest[1:]
     g = torch.Generator(device="cuda").manual_seed(S + C)
     x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (torch.randn(C, 4, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).requires_grad_()
-    b = torch.randn(C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    b = torch.randn(C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() if bias else None
+    leaves = (x, w, b) if bias else (x, w)
     dy = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g)
     out = torch.empty_like(dy)
     if call == "fwd":
         return lambda: causal_conv1d_silu(x, w, b, program=program)
     if call == "bwd":
         y = causal_conv1d_silu(x, w, b)
-        return lambda: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True) if program is None else (
-            torch.autograd.grad(causal_conv1d_silu(x, w, b, program=program), (x, w, b), dy)
+        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True) if program is None else (
+            torch.autograd.grad(causal_conv1d_silu(x, w, b, program=program), leaves, dy)
         )
     if call == "copy":
         return lambda: out.copy_(dy)
