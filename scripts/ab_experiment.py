@@ -72,6 +72,15 @@ NO_CTA_FOLD = [
 RELAXED_TICKET = [("atom.add.acq_rel.gpu.u32", "atom.add.relaxed.gpu.u32")]
 NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
               "      for (int m = 0; m < K; ++m)\n        for (int e = 0; e < VEC; ++e) xr[m][e] = A(0);")]
+# Diagnostic for the flat backward (exact only where every unit's columns share one node, i.e. the
+# vectors per row are a multiple of the columns per CTA, e.g. C = 256): thread 0 takes column 0's
+# ticket for all columns, one atomic per CTA and level as in the tiled programs, instead of one per
+# column (docs/performance.md v20).
+FLAT_ONE_TICKET = [
+    ("        if (threadIdx.x < tile_v) {\n          const int g = threadIdx.x;",
+     "        if (threadIdx.x == 0) {\n          const int g = threadIdx.x;"),
+    ("          last_col[g] = last;\n", "          for (int q = 0; q < tile_v; ++q) last_col[q] = last;\n"),
+]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -89,6 +98,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
+    "flat_one_ticket": FLAT_ONE_TICKET,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
