@@ -4,8 +4,8 @@
         python3 scripts/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
 Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
-``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts, so compilation and the first-call work stay
-outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
+``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts,
+so compilation and the first-call work stay outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
 scripts/ab_experiment.py (e.g. no_math) to every case.
 """
 
