@@ -50,9 +50,10 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
   __shared__ int last_flag;
-  // FLAT (tile_v <= 32): each column's node and first channel, and whether it arrived last
-  __shared__ long long col_node[FLAT ? 32 : 1];
-  __shared__ int col_c[FLAT ? 32 : 1], last_col[FLAT ? 32 : 1];
+  // FLAT (tile_v <= 32): each column's node and first channel, and its plan for the fold above
+  // the CTA: children to fold (0: none), the workspace index of its first child and of its parent
+  __shared__ long long col_node[FLAT ? 32 : 1], col_src[FLAT ? 32 : 1], col_dst[FLAT ? 32 : 1];
+  __shared__ int col_c[FLAT ? 32 : 1], col_n[FLAT ? 32 : 1];
   A* ws = reinterpret_cast<A*>(workspace);
 
   const DocArgs da{table, S, row_len, n_docs};
@@ -342,69 +343,62 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     }
     if (FLAT) {
       // Flat: one ticket per (parent, vector), taken by thread g for column g; the columns that
-      // arrived last fold their parents together, level by level.
+      // arrived last fold their parents together, level by level. Thread g also leaves its
+      // column's plan for the fold in shared memory (how many children, where they are, where
+      // the parent goes), so the folding threads need no per-value tree arithmetic.
       static_assert(FAN == 8, "parents by shifts");
       int shift = 3;  // a CTA-level node's parent at this level: node >> shift (no 64-bit division)
       for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {
-        __syncthreads();  // the nodes are written, last_col's previous reads done
-        bool last = false;
+        __syncthreads();  // the nodes are written, the previous level's plans read
+        int fold = 0;     // children of column g's parent that this CTA folds (0: none)
         if (threadIdx.x < tile_v) {
-          const int g = threadIdx.x;
-          long long node_g;
-          int c;
-          col_at(g, node_g, c);
-          if (c < C && (level == CTA_LEVEL || last_col[g])) {
-            const long long parent = node_g >> shift;
+          const int g = threadIdx.x, c = col_c[g];
+          if (c < C && (level == CTA_LEVEL || col_n[g] > 0)) {
+            const long long parent = col_node[g] >> shift;
             const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
             unsigned int* tk = &tickets[tk_off + parent * n_vec + c / VEC];
-            last = ticket_add(tk) + 1 == (unsigned int)children;
-            if (last) *tk = 0;  // every child has arrived: left at zero for the next launch
+            if (ticket_add(tk) + 1 == (unsigned int)children) {
+              *tk = 0;  // every child has arrived: left at zero for the next launch
+              fold = children;
+              col_src[g] = ws_off + parent * FAN * NB * C + c;                 // child j, row k: + (j NB + k) C
+              col_dst[g] = ws_off + (n_level + parent) * NB * C + c;           // parent row k: + k C
+            }
           }
-          last_col[g] = last;
+          col_n[g] = fold;
         }
         // orders the acquires before every thread's reads of the children; any parent to fold?
-        if (!__syncthreads_or(last)) break;
-        const long long parent_off = ws_off + n_level * NB * C;
+        if (!__syncthreads_or(fold)) break;
+        const bool top = level + 1 == root_level;
         A ch[FOLD_VALUES][FAN];  // as below: every child loaded before the first add
 #pragma unroll
         for (int r = 0; r < FOLD_VALUES; ++r) {
           const int i = threadIdx.x + r * blockDim.x;  // (k, g, e), e fastest
           const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
-          long long node_g = 0;
-          int c = C;
-          if (i < n_vals && last_col[g]) col_at(g, node_g, c);
-          const long long parent = node_g >> shift;
-          const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+          const int n = i < n_vals ? col_n[g] : 0;
+          const long long at = (n ? col_src[g] : 0) + (long long)k * C + (cl - g * VEC);
 #pragma unroll
-          for (int j = 0; j < FAN; ++j)
-            ch[r][j] = c < C && j < children
-                           ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c + cl - g * VEC]) : A(0);
+          for (int j = 0; j < FAN; ++j) ch[r][j] = j < n ? __ldcg(&ws[at + (long long)j * NB * C]) : A(0);
         }
 #pragma unroll
         for (int r = 0; r < FOLD_VALUES; ++r) {
           const int i = threadIdx.x + r * blockDim.x;
           const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
-          if (i >= n_vals || !last_col[g]) continue;
-          long long node_g;
-          int c;
-          col_at(g, node_g, c);
-          if (c >= C) continue;
-          c += cl - g * VEC;
-          const long long parent = node_g >> shift;
+          if (i >= n_vals || col_n[g] == 0) continue;
           A v = ch[r][0];
 #pragma unroll
           for (int j = 1; j < FAN; ++j) v += ch[r][j];
-          if (level + 1 == root_level) {
-            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+          const int e = cl - g * VEC;
+          if (top) {
+            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, col_c[g] + e, v);
           } else {
-            ws[parent_off + (parent * NB + k) * C + c] = v;
+            ws[col_dst[g] + (long long)k * C + e] = v;
           }
         }
-        ws_off = parent_off;
+        ws_off += n_level * NB * C;
         tk_off += ((n_level + FAN - 1) / FAN) * n_vec;
         n_level = (n_level + FAN - 1) / FAN;
       }
-      __syncthreads();  // the slots and last_col are reused by the next unit
+      __syncthreads();  // the slots and the column table are reused by the next unit
       continue;
     }
     long long idx = node;
