@@ -26,18 +26,15 @@ from conv1d_silu.tune import _setup  # noqa: E402
 
 _source = kernels.source.__wrapped__
 
-NO_CHAIN = ("      if (!last_flag) break;", "      if (!last_flag || level >= 0) break;  // timing only: nobody folds")
+NO_CHAIN = ("      if (!__syncthreads_or(fold)) break;",
+            "      if (!__syncthreads_or(fold) || level >= 0) break;  // timing only: nobody folds")
 # Timing only: every CTA writes its node and stops, no ticket and no fold above the CTA (what a
 # separate fold launch would leave in the main kernel).
-NO_TICKET = ("    for (int level = CTA_LEVEL; level < root_level; ++level) {",
-             "    for (int level = CTA_LEVEL; level < root_level && level < 0; ++level) {")
+NO_TICKET = ("    for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {",
+             "    for (int level = CTA_LEVEL; level < root_level && level < 0; ++level, shift += 3) {")
 # Timing only: the climb stops at level 2, so nothing above it is folded (the most a one-CTA fold of
 # every level above 2 could save).
-NO_TOP = (NO_TICKET[0], "    for (int level = CTA_LEVEL; level < root_level && level < 2; ++level) {")
-# The fold of 977b8d6 and the serial one it replaced (prediction 3 of docs/performance.md v6), as
-# text: the device's copy of the tree does not always carry the git history to fetch them from.
-FOLD_NEW = '      // Every child of every value this thread folds is loaded before the first add: one L2 round\n      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load\n      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.\n      A ch[FOLD_VALUES][FAN];\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n#pragma unroll\n        for (int j = 0; j < FAN; ++j)\n          ch[r][j] = i < n_vals && c < C && j < children\n                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n      }\n#pragma unroll\n      for (int r = 0; r < FOLD_VALUES; ++r) {\n        const int i = threadIdx.x + r * blockDim.x;\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (i >= n_vals || c >= C) continue;\n        A v = ch[r][0];\n#pragma unroll\n        for (int j = 1; j < FAN; ++j) v += ch[r][j];\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
-FOLD_SERIAL = '      for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {\n        const int k = i / tile_c, c = c_base + (i - k * tile_c);\n        if (c >= C) continue;\n        A v = __ldcg(&ws[ws_off + (parent * FAN * NB + k) * C + c]);\n#pragma unroll\n        for (int j = 1; j < FAN; ++j)\n          v += j < children ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);\n        if (level + 1 == root_level) {\n          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);\n        } else {\n          ws[parent_off + (parent * NB + k) * C + c] = v;\n        }\n      }\n'
+NO_TOP = (NO_TICKET[0], "    for (int level = CTA_LEVEL; level < root_level && level < 2; ++level, shift += 3) {")
 # Occupancy: the backward uses 121 registers (ptxas -v, sm_90), so 128-thread CTAs fit 4 per SM and
 # 256-thread ones 2. lb128x5 caps it at 96 registers (108 bytes of spills) for 5 CTAs per SM, lb256x3 at
 # 80 (608 bytes). Each only for programs of at most that many threads (BWD="rowgroup_8b ..." for lb128x5):
@@ -77,13 +74,17 @@ NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, 
 # ticket for all columns, one atomic per CTA and level as in the tiled programs, instead of one per
 # column (docs/performance.md v20).
 FLAT_ONE_TICKET = [
-    ("        if (threadIdx.x < tile_v) {\n          const int g = threadIdx.x;",
-     "        if (threadIdx.x == 0) {\n          const int g = threadIdx.x;"),
-    ("          last_col[g] = last;\n", "          for (int q = 0; q < tile_v; ++q) last_col[q] = last;\n"),
+    ("      if (threadIdx.x < (FLAT ? tile_v : 1)) {", "      if (threadIdx.x == 0) {"),
+    ("        col_n[g] = fold;\n",
+     "        for (int q = 0; q < (FLAT ? tile_v : 1); ++q) {\n"
+     "          col_n[q] = fold;\n"
+     "          col_src[q] = col_src[0] + q * VEC;\n"
+     "          col_dst[q] = col_dst[0] + q * VEC;\n"
+     "        }\n"),
 ]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
-    "base": [], "serial_fold": [(FOLD_NEW, FOLD_SERIAL)], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
+    "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
     "lb128x5": [LB128X5], "lb256x3": [LB256X3], "lb256x2": [LB256X2], "maxnreg112": [MAXNREG112],
     "no_math": NO_MATH_BWD + NO_MATH_FWD,
     "no_top": [NO_TOP], "memset_tickets": [],

@@ -36,8 +36,8 @@ PATCHES = {
         (LOOP, LOOP + STAMP.replace("{slot}", "0") + SMID + "\n"),
         ("    __syncthreads();\n\n    // Fold the LANES", "    __syncthreads();\n" + STAMP.replace("{slot}", "1")
          + "\n\n    // Fold the LANES"),
-        ("    __syncthreads();  // the slots and last_flag are reused by the next unit\n",
-         "    __syncthreads();  // the slots and last_flag are reused by the next unit\n"
+        ("    __syncthreads();  // the slots and the plans are reused by the next unit\n",
+         "    __syncthreads();  // the slots and the plans are reused by the next unit\n"
          + STAMP.replace("{slot}", "2") + "\n"),
     ],
     "conv1d_silu_fwd": [

@@ -198,8 +198,8 @@ def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkey
 
 
 def test_prepare_smem_counts_the_static_shared_memory(monkeypatch):
-    # the 48 KB default bounds dynamic + static: 48 KB of dynamic memory beside a 4-byte __shared__
-    # flag (the backward's last_flag) needs the raised limit
+    # the 48 KB default bounds dynamic + static: 48 KB of dynamic memory beside a 4-byte static __shared__
+    # variable (the backward's fold plans) needs the raised limit
     class Kernel:
         shared_size_bytes = 4
         max_dynamic_shared_size_bytes = 0

@@ -49,11 +49,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
-  __shared__ int last_flag;
-  // FLAT (tile_v <= 32): each column's node and first channel, and its plan for the fold above
-  // the CTA: children to fold (0: none), the workspace index of its first child and of its parent
-  __shared__ long long col_node[FLAT ? 32 : 1], col_src[FLAT ? 32 : 1], col_dst[FLAT ? 32 : 1];
-  __shared__ int col_c[FLAT ? 32 : 1], col_n[FLAT ? 32 : 1];
+  // The fold's plans (one per tiled unit; one per column of a flat unit, tile_v <= 32): the node
+  // and first channel, then per level the children to fold (0: none) and the workspace index of
+  // the first child and of the parent
+  constexpr int PLANS = FLAT ? 32 : 1;
+  __shared__ long long col_node[PLANS], col_src[PLANS], col_dst[PLANS];
+  __shared__ int col_c[PLANS], col_n[PLANS];
   A* ws = reinterpret_cast<A*>(workspace);
 
   const DocArgs da{table, S, row_len, n_docs};
@@ -81,8 +82,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     long long node;
     int c0;
     column(unit, vl, node, c0);
-    if (FLAT && lane == 0) {  // read after the barrier before the fold
-      col_node[vl] = node;
+    if (lane == 0 && (FLAT || vl == 0)) {  // the unit's plans (tiled: column 0's channel is the tile's)
+      col_node[vl] = node;                 // read after the barrier before the fold
       col_c[vl] = c0;
     }
     const long long r0 = (node * LANES + lane) * LANE_ROWS;
@@ -310,110 +311,62 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     }
     __syncthreads();
 
-    // Fold the LANES lane values into this CTA's nodes, then climb the tree by tickets.
-    const int c_base = ct * tile_c;
-    auto col_at = [&](int g, long long& node_g, int& c) {  // column g's node and first channel
-      if (FLAT) {
-        node_g = col_node[g];
-        c = col_c[g];
-      } else {
-        node_g = node;
-        c = c_base + g * VEC;
-      }
-    };
+    // Fold the LANES lane values into this CTA's nodes, then climb the tree by tickets. A plan
+    // covers the columns that share a node and a ticket: all of a tiled unit's (plan 0), one
+    // column of a flat unit; value (k, cl) of the tile belongs to plan p at channel col_c[p] + off.
     const int n_vals = NB * tile_c;
+    auto plan_of = [&](int cl, int& p, int& off) {
+      p = FLAT ? cl / VEC : 0;
+      off = cl - p * VEC;
+    };
     long long n_level = n_nodes;
-    long long ws_off = 0;    // workspace offset of the current level
-    long long tk_off = 0;    // ticket offset of the parent level
+    long long ws_off = 0;  // workspace offset of the current level
+    long long tk_off = 0;  // ticket offset of the parent level
     for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {
-      const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
-      long long node_g;
-      int c;
-      col_at(g, node_g, c);
+      const int k = i / tile_c, cl = i - k * tile_c;
+      int p, off;
+      plan_of(cl, p, off);
+      const int c = col_c[p] + off;
       if (c >= C) continue;
-      c += cl - g * VEC;
       A v = slot[k * tile_c + cl];
 #pragma unroll
       for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
       if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
-        ws[ws_off + (node_g * NB + k) * C + c] = v;
+        ws[ws_off + (col_node[p] * NB + k) * C + c] = v;
       }
     }
-    if (FLAT) {
-      // Flat: one ticket per (parent, vector), taken by thread g for column g; the columns that
-      // arrived last fold their parents together, level by level. Thread g also leaves its
-      // column's plan for the fold in shared memory (how many children, where they are, where
-      // the parent goes), so the folding threads need no per-value tree arithmetic.
-      static_assert(FAN == 8, "parents by shifts");
-      int shift = 3;  // a CTA-level node's parent at this level: node >> shift (no 64-bit division)
-      for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {
-        __syncthreads();  // the nodes are written, the previous level's plans read
-        int fold = 0;     // children of column g's parent that this CTA folds (0: none)
-        if (threadIdx.x < tile_v) {
-          const int g = threadIdx.x, c = col_c[g];
-          if (c < C && (level == CTA_LEVEL || col_n[g] > 0)) {
-            const long long parent = col_node[g] >> shift;
-            const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
-            unsigned int* tk = &tickets[tk_off + parent * n_vec + c / VEC];
-            if (ticket_add(tk) + 1 == (unsigned int)children) {
-              *tk = 0;  // every child has arrived: left at zero for the next launch
-              fold = children;
-              col_src[g] = ws_off + parent * FAN * NB * C + c;                 // child j, row k: + (j NB + k) C
-              col_dst[g] = ws_off + (n_level + parent) * NB * C + c;           // parent row k: + k C
-            }
-          }
-          col_n[g] = fold;
-        }
-        // orders the acquires before every thread's reads of the children; any parent to fold?
-        if (!__syncthreads_or(fold)) break;
-        const bool top = level + 1 == root_level;
-        A ch[FOLD_VALUES][FAN];  // as below: every child loaded before the first add
-#pragma unroll
-        for (int r = 0; r < FOLD_VALUES; ++r) {
-          const int i = threadIdx.x + r * blockDim.x;  // (k, g, e), e fastest
-          const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
-          const int n = i < n_vals ? col_n[g] : 0;
-          const long long at = (n ? col_src[g] : 0) + (long long)k * C + (cl - g * VEC);
-#pragma unroll
-          for (int j = 0; j < FAN; ++j) ch[r][j] = j < n ? __ldcg(&ws[at + (long long)j * NB * C]) : A(0);
-        }
-#pragma unroll
-        for (int r = 0; r < FOLD_VALUES; ++r) {
-          const int i = threadIdx.x + r * blockDim.x;
-          const int k = i / tile_c, cl = i - k * tile_c, g = cl / VEC;
-          if (i >= n_vals || col_n[g] == 0) continue;
-          A v = ch[r][0];
-#pragma unroll
-          for (int j = 1; j < FAN; ++j) v += ch[r][j];
-          const int e = cl - g * VEC;
-          if (top) {
-            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, col_c[g] + e, v);
-          } else {
-            ws[col_dst[g] + (long long)k * C + e] = v;
+    // One ticket per (parent, channel tile), or per (parent, vector) when flat, taken by the
+    // plan's thread after a __syncthreads: its release publishes the CTA's node writes. The plans
+    // whose parent this CTA folds (their children have all arrived) note where the children are
+    // and where the parent goes, and the whole CTA folds them.
+    static_assert(FAN == 8, "parents by shifts");
+    const long long n_tk = FLAT ? n_vec : n_ctiles;  // tickets per parent
+    int shift = 3;  // a CTA-level node's parent at this level: node >> shift
+    for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {
+      __syncthreads();  // the nodes are written, the previous level's plans read
+      int fold = 0;     // children of plan g's parent that this CTA folds (0: none)
+      if (threadIdx.x < (FLAT ? tile_v : 1)) {
+        const int g = threadIdx.x, c = col_c[g];
+        if (c < C && (level == CTA_LEVEL || col_n[g] > 0)) {
+          const long long parent = col_node[g] >> shift;
+          const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
+          unsigned int* tk = &tickets[tk_off + parent * n_tk + (FLAT ? c / VEC : ct)];
+          if (ticket_add(tk) + 1 == (unsigned int)children) {
+            // Every child has arrived, and nobody else touches this ticket in this launch: left
+            // at zero for the next launch on the stream (gpu.stream_scratch).
+            *tk = 0;
+            fold = children;
+            col_src[g] = ws_off + parent * FAN * NB * C + c;        // child j, row k: + (j NB + k) C
+            col_dst[g] = ws_off + (n_level + parent) * NB * C + c;  // parent row k: + k C
           }
         }
-        ws_off += n_level * NB * C;
-        tk_off += ((n_level + FAN - 1) / FAN) * n_vec;
-        n_level = (n_level + FAN - 1) / FAN;
+        col_n[g] = fold;
       }
-      __syncthreads();  // the slots and the column table are reused by the next unit
-      continue;
-    }
-    long long idx = node;
-    for (int level = CTA_LEVEL; level < root_level; ++level) {
-      __syncthreads();  // the node is written; thread 0's release (ticket_add) publishes it
-      const long long parent = idx / FAN;
-      const int children = (int)min_<long long>(FAN, n_level - parent * FAN);
-      if (threadIdx.x == 0)
-        last_flag = ticket_add(&tickets[tk_off + parent * n_ctiles + ct]) + 1 == (unsigned int)children;
-      __syncthreads();  // orders thread 0's acquire before every thread's reads of the children
-      if (!last_flag) break;
-      // Every child has arrived, and nobody else touches this ticket in this launch: the last
-      // arriver leaves it at zero for the next launch on the stream (gpu.stream_scratch).
-      if (threadIdx.x == 0) tickets[tk_off + parent * n_ctiles + ct] = 0;
-      const long long parent_off = ws_off + n_level * NB * C;
+      // orders the acquires before every thread's reads of the children; any parent to fold?
+      if (!__syncthreads_or(fold)) break;
+      const bool top = level + 1 == root_level;
       // Every child of every value this thread folds is loaded before the first add: one L2 round
       // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load
       // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.
@@ -421,31 +374,34 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
       for (int r = 0; r < FOLD_VALUES; ++r) {
         const int i = threadIdx.x + r * blockDim.x;
-        const int k = i / tile_c, c = c_base + (i - k * tile_c);
+        const int k = i / tile_c, cl = i - k * tile_c;
+        int p, off;
+        plan_of(cl, p, off);
+        const int n = i < n_vals && col_c[p] + off < C ? col_n[p] : 0;
+        const long long at = (n ? col_src[p] : 0) + (long long)k * C + off;
 #pragma unroll
-        for (int j = 0; j < FAN; ++j)
-          ch[r][j] = i < n_vals && c < C && j < children
-                         ? __ldcg(&ws[ws_off + ((parent * FAN + j) * NB + k) * C + c]) : A(0);
+        for (int j = 0; j < FAN; ++j) ch[r][j] = j < n ? __ldcg(&ws[at + (long long)j * NB * C]) : A(0);
       }
 #pragma unroll
       for (int r = 0; r < FOLD_VALUES; ++r) {
         const int i = threadIdx.x + r * blockDim.x;
-        const int k = i / tile_c, c = c_base + (i - k * tile_c);
-        if (i >= n_vals || c >= C) continue;
+        const int k = i / tile_c, cl = i - k * tile_c;
+        int p, off;
+        plan_of(cl, p, off);
+        if (i >= n_vals || col_n[p] == 0 || col_c[p] + off >= C) continue;
         A v = ch[r][0];
 #pragma unroll
         for (int j = 1; j < FAN; ++j) v += ch[r][j];
-        if (level + 1 == root_level) {
-          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        if (top) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, col_c[p] + off, v);
         } else {
-          ws[parent_off + (parent * NB + k) * C + c] = v;
+          ws[col_dst[p] + (long long)k * C + off] = v;
         }
       }
-      ws_off = parent_off;
-      tk_off += ((n_level + FAN - 1) / FAN) * n_ctiles;
+      ws_off += n_level * NB * C;
+      tk_off += ((n_level + FAN - 1) / FAN) * n_tk;
       n_level = (n_level + FAN - 1) / FAN;
-      idx = parent;
     }
-    __syncthreads();  // the slots and last_flag are reused by the next unit
+    __syncthreads();  // the slots and the plans are reused by the next unit
   }
 }
