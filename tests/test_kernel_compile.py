@@ -218,3 +218,16 @@ def test_cta_timeline_patches_still_apply():
     tl = _script("cta_timeline")
     for src in tl.PATCHES:
         assert "c1s_trace[4 * unit + 2]" in tl.patched(src)
+
+
+def test_sass_loops_reads_loops_and_names():
+    """scripts/sass_loops.py: a backward branch and its target make a loop (short ones are left
+    out), and each hot instance maps to its own mangled name by its template flags."""
+    sl = _script("sass_loops")
+    body = "\n".join(f"        /*{0x100 + 16 * i:04x}*/                   FADD R1, R1, R2 ;" for i in range(50))
+    sass = body + "\n        /*0420*/              @P0 BRA 0x100 ;\n        /*0430*/              @!P1 BRA 0x400 ;\n"
+    assert sl.loops(sass) == (52, [(0x100, 0x420, 51)])
+    mangled = [f"_Z15conv1d_silu_bwdIN3c1s4bf16ES1_S1_Li4ELi4ELb{b}ELi0ELb0ELb1EiLi{s}ELi3ELb{f}EEvPKT_"
+               for b in (0, 1) for s in (1, 8) for f in (0, 1)]
+    found = {expr: [m for m in mangled if sl._matches(m, expr)] for expr in sl.INSTANCES.values()}
+    assert all(len(m) == 1 for m in found.values()) and len({m[0] for m in found.values()}) == 8
