@@ -4,8 +4,8 @@ fixed profile; scripts/gpu-check runs a long one (HYPOTHESIS_PROFILE=gpu)."""
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
