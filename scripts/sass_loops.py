@@ -53,7 +53,7 @@ def compile_sass(source: str, arch: str) -> tuple[str, str]:
     """(ptxas -v log, SASS) of the INSTANCES compiled from `source` with nvcc."""
     with tempfile.TemporaryDirectory() as d:
         cu, cubin = Path(d, "k.cu"), Path(d, "k.cubin")
-        cu.write_text(source + "\n" + "\n".join(f"template __global__ decltype({e}) {e};" for e in INSTANCES.values()))
+        cu.write_text(kernels.with_instances(source, list(INSTANCES.values())))
         build = subprocess.run(["nvcc", "-std=c++17", "-ftz=true", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
                                 str(cu), "-o", str(cubin)], capture_output=True, text=True, check=False)
         if build.returncode:

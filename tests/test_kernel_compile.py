@@ -85,7 +85,7 @@ def _compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, .
 def _compile_nvcc(source: str, exprs: list[str], arch: str, tmp_path) -> None:
     # nvcc spells the instantiations out as explicit template instantiations of the kernels.
     src = tmp_path / f"{source}.cu"
-    src.write_text(kernels.source(source) + "\n" + "\n".join(f"template __global__ decltype({e}) {e};" for e in exprs))
+    src.write_text(kernels.with_instances(kernels.source(source), exprs))
     gencode = f"-gencode=arch=compute_{arch[3:]},code={arch}"
     result = subprocess.run(
         [NVCC, "-std=c++17", "-ftz=true", gencode, "-c", str(src), "-o", str(tmp_path / "k.o")],

@@ -56,3 +56,9 @@ def cxx(value: object) -> str:
 
 def name_expression(kernel: str, *template_args: object) -> str:
     return f"{kernel}<{', '.join(cxx(a) for a in template_args)}>"
+
+
+def with_instances(code: str, exprs: list[str]) -> str:
+    """``code`` with explicit instantiations of the kernels ``exprs`` (name expressions), for nvcc,
+    which has no NVRTC name expressions to instantiate templates with."""
+    return code + "\n" + "\n".join(f"template __global__ decltype({e}) {e};" for e in exprs)
