@@ -122,6 +122,18 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
             flat=True,
         ),
+        # At C = 8 mod 16 every other row starts mid-sector; 16-column CTAs put a boundary every 128 bytes
+        # of each row, the two halves of its sector read by two CTAs walking 2048 rows each: 22 % more
+        # DRAM reads and 1.33x the time at 1M x 264; 32 columns halve the boundaries (docs/performance.md v22).
+        Program(
+            "rowgroup_long_flat32_8b",
+            "bwd",
+            "row groups of 64 slabs (8 per thread), 8-byte accesses, 32 (node, vector) columns per CTA laid flat "
+            "over the rows (256 threads): half the CTA boundaries",
+            slabs_per_lane=8,
+            vec_bytes=8,
+            flat=True,
+        ),
         Program(
             "rowgroup_sm",
             "bwd",

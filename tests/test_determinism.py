@@ -73,7 +73,8 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
         cases[S, C]["dy"] = torch.randn_like(cases[S, C]["x"])
     for rep in range(2):
         for (S, C), case in cases.items():
-            for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm", "rowgroup_flat_8b", "rowgroup_long_flat_8b"):
+            for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm", "rowgroup_flat_8b", "rowgroup_long_flat_8b",
+                            "rowgroup_long_flat32_8b"):
                 got = _grads(case, program)[0]
                 if rep == 0:
                     first[S, C, program] = got
