@@ -82,6 +82,32 @@ FLAT_ONE_TICKET = [
      "          col_dst[q] = col_dst[0] + q * VEC;\n"
      "        }\n"),
 ]
+# Timing only: dx written with rows padded to 64 channels (every row of dx starts on a 128-byte
+# line; the host side hands the kernel a padded buffer, see _PaddedDx). With ROW_PAD=64 for x and
+# dy as well, no row of any tensor is cut mid-line: is the ragged-C cost in the dx writes?
+DX_RS = "((C + 63) / 64 * 64)"
+DX_PAD = [
+    ("      T* pdx = dx + (I)r0 * (I)C + c0;", f"      T* pdx = dx + (I)r0 * (I){DX_RS} + c0;"),
+    ("          pdx += C;", f"          pdx += {DX_RS};"),
+]
+
+
+class _PaddedDx:
+    """gpu's torch, except that the backward's dx (the one empty tensor of x's 2-D shape it asks
+    for) is a view of a buffer whose rows are padded to 64 channels (variant dx_pad)."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        shape = args[0] if args else None
+        if isinstance(shape, torch.Size) and len(shape) == 2 and shape[1] % 64:
+            S, C = shape
+            return torch.empty(S, -(-C // 64) * 64, **kwargs)[:, :C]
+        return torch.empty(*args, **kwargs)
+
+
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -99,7 +125,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
-    "flat_one_ticket": FLAT_ONE_TICKET,
+    "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
@@ -128,6 +154,7 @@ def use_variant(name: str) -> None:
         return text
 
     kernels.source = patched
+    gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
     gpu.backward_plan.cache_clear()
