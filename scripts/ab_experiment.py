@@ -125,7 +125,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
-    "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD,
+    "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
@@ -157,7 +157,9 @@ def use_variant(name: str) -> None:
     gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
-    gpu.backward_plan.cache_clear()
+    global _node_pad
+    _node_pad = name == "node_pad"
+    _plan.cache_clear()
     gpu.forward_plan.cache_clear()
     runtime._functions.clear()
     runtime._smem_ready.clear()
@@ -178,17 +180,36 @@ def _name(base: str, tiles: int, align: int) -> str:
 
 SM_SMEM = 233472  # bytes of shared memory per SM on sm_90 (228 KiB); each CTA reserves 1 KiB more
 _plan = gpu.backward_plan
+_node_pad = False
+
+
+def _node_padded(*args) -> gpu.Plan:
+    """Variant node_pad (flat programs; timing only, same bits): every node's columns padded to a
+    multiple of the CTA's columns, the pad columns idle (the kernel treats channels >= C as absent),
+    so no CTA, and no warp, spans two nodes: does the straddle make ragged C slow?"""
+    plan = _plan(*args)
+    if not plan.n_vec:
+        return plan
+    S, program = args[5], args[13]
+    cta_level = 1 if program.slabs_per_lane == 1 else 2
+    root, nodes = gpu.tree_shape(S)
+    n_vec = -(-plan.n_vec // plan.tile_v) * plan.tile_v
+    return dataclasses.replace(
+        plan, n_vec=n_vec, n_units=nodes[cta_level] * n_vec // plan.tile_v,
+        n_tickets=sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_vec)
 
 
 def pin_ctas(ctas: int) -> None:
     """CTAS="4 5": the backward's dynamic shared memory padded so that at most that many CTAs fit
     per SM (0: the kernel's own count). The padding takes the L1 with it (the carveout grows to hold
     it; docs/performance.md v14), so CARVEOUT is the cleaner way to change the count."""
+    base = _node_padded if _node_pad else _plan
+
     def padded(*args):
-        plan = _plan(*args)
+        plan = base(*args)
         return dataclasses.replace(plan, smem=max(plan.smem, SM_SMEM // ctas - 1024))
 
-    gpu.backward_plan = padded if ctas else _plan
+    gpu.backward_plan = padded if ctas else base
     runtime._smem_ready.clear()
 
 
