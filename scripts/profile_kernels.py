@@ -4,7 +4,8 @@
         python3 scripts/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
 Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
-``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts,
+``nobias``, random inputs; an empty program routes; ``program@field=value,...`` as in
+scripts/ab_experiment.py). Every case runs once before profiling starts,
 so compilation and the first-call work stay outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
 scripts/ab_experiment.py (e.g. no_math) to every case.
 """
@@ -50,11 +51,14 @@ def make(spec: str):
 
 def main(specs: list[str]) -> None:
     variant = os.environ.get("AB_VARIANT")  # a kernel-text variant of scripts/ab_experiment.py, e.g. no_math
-    if variant:
+    programs = [p for s in specs for p in s.split(":")[3:4] if "@" in p]  # e.g. rowgroup_flat_8b@max_tile_vectors=32
+    if variant or programs:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from ab_experiment import use_variant
+        from ab_experiment import register_program, use_variant
 
-        use_variant(variant)
+        use_variant(variant or "base")
+        for p in programs:
+            register_program(p)
     runs = [make(s) for s in specs]
     for fn in runs:
         fn()
