@@ -180,6 +180,37 @@ def test_ab_experiment_host_variants(monkeypatch):
     gpu.forward_plan.cache_clear()
 
 
+def test_ab_experiment_padding_probes(monkeypatch):
+    """dx_pad hands the backward a dx whose rows are padded to 64 channels (and its kernel text
+    steps by that pitch); node_pad pads every node's flat columns to whole CTAs, so no CTA spans
+    two nodes, and leaves tiled plans alone."""
+    from conv1d_silu import gpu, routes, runtime
+
+    ab = _script("ab_experiment")
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"),
+                      (gpu, "torch"), (gpu, "backward_plan")):
+        monkeypatch.setattr(obj, attr, getattr(obj, attr))
+    monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime, "_smem_ready", {})
+    ab.use_variant("dx_pad")
+    dx = gpu.torch.empty(torch.Size([5, 264]), dtype=torch.bfloat16, device="cpu")
+    assert dx.shape == (5, 264) and dx.stride() == (320, 1)
+    assert gpu.torch.empty(torch.Size([5, 256])).is_contiguous()
+    assert kernels.source("conv1d_silu_bwd").count(ab.DX_RS) == 2
+    args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 70000, 264, 264, 16, True, 0, False, True)
+    plain = {n: ab._plan(*args, routes.PROGRAMS[n], 1) for n in ("rowgroup_long_flat32_8b", "rowgroup_8b")}
+    ab.use_variant("node_pad")
+    ab.pin_ctas(0)
+    assert gpu.torch is torch
+    flat = gpu.backward_plan(*args, routes.PROGRAMS["rowgroup_long_flat32_8b"], 1)
+    assert (plain["rowgroup_long_flat32_8b"].n_vec, flat.n_vec, flat.tile_v) == (66, 96, 32)
+    assert flat.n_units == 3 * gpu.tree_shape(70000)[1][2] and flat.n_tickets > plain["rowgroup_long_flat32_8b"].n_tickets
+    assert gpu.backward_plan(*args, routes.PROGRAMS["rowgroup_8b"], 1) == plain["rowgroup_8b"]
+    ab.use_variant("base")
+    ab.pin_ctas(0)
+    gpu.forward_plan.cache_clear()
+
+
 def test_ab_experiment_file_variant_and_program_fields(monkeypatch, tmp_path):
     """file=PATH swaps in the backward's whole source (the forward's stays), and a program name with
     @fields registers that program with those fields changed."""
