@@ -122,9 +122,9 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
             flat=True,
         ),
-        # At C = 8 mod 16 every other row starts mid-sector; 16-column CTAs put a boundary every 128 bytes
-        # of each row, the two halves of its sector read by two CTAs walking 2048 rows each: 22 % more
-        # DRAM reads and 1.33x the time at 1M x 264; 32 columns halve the boundaries (docs/performance.md v22).
+        # With eight-slab walks, 16-column CTAs (a boundary every 128 bytes of each row) read 22 % more
+        # from DRAM and take 1.33x the time of 32-column ones at 1M x 264 (docs/performance.md v22); where
+        # CTAs are scarce (65536-131072 tokens) the 16-column program still wins, so the tuner picks.
         Program(
             "rowgroup_long_flat32_8b",
             "bwd",
