@@ -191,12 +191,11 @@ def _node_padded(*args) -> gpu.Plan:
     if not plan.n_vec:
         return plan
     S, program = args[5], args[13]
-    cta_level = 1 if program.slabs_per_lane == 1 else 2
-    root, nodes = gpu.tree_shape(S)
+    cta_nodes = gpu.tree_shape(S)[1][1 if program.slabs_per_lane == 1 else 2]
     n_vec = -(-plan.n_vec // plan.tile_v) * plan.tile_v
-    return dataclasses.replace(
-        plan, n_vec=n_vec, n_units=nodes[cta_level] * n_vec // plan.tile_v,
-        n_tickets=sum(nodes[level] for level in range(cta_level + 1, root + 1)) * n_vec)
+    # the plan's tickets are (parents above the CTA's level) x n_vec: scale, don't recount
+    return dataclasses.replace(plan, n_vec=n_vec, n_units=cta_nodes * n_vec // plan.tile_v,
+                               n_tickets=plan.n_tickets // plan.n_vec * n_vec)
 
 
 def pin_ctas(ctas: int) -> None:
