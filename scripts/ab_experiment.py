@@ -108,6 +108,22 @@ class _PaddedDx:
         return torch.empty(*args, **kwargs)
 
 
+# Timing only (wrong bits; S a multiple of 2048, K = 4, eight-slab programs): lanes walk adjacent
+# slabs wave after wave (lane l takes slabs l, l + 8, l + 16, ... of its node), so a CTA's 8 lanes read
+# 256 consecutive rows at a time, as the one-slab programs' and the forward's CTAs do, where normally
+# they are 256 rows apart. v12 measured it at C = 384 only (no change); ragged C is v22 Next 2.
+FOOTPRINT = [
+    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
+     "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
+    ("      auto prefetch_whole = [&](int st) {", "      int fp_turns = 0;\n      auto prefetch_whole = [&](int st) {"),
+    ("        async_commit();\n      };\n      auto prefetch = [&](int q) {",
+     "        if (++fp_turns % (SLAB / K) == 0) {\n          px += (LANES - 1) * SLAB * x_rs;\n"
+     "          pdy += (LANES - 1) * SLAB * dy_rs;\n        }\n        async_commit();\n      };\n"
+     "      auto prefetch = [&](int q) {"),
+    ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
+     "          store_vec(pdx, 0, dxv);\n          pdx += C;\n"
+     "          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
+]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -126,6 +142,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
     "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
+    "footprint": FOOTPRINT, "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"

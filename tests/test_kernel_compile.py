@@ -211,6 +211,37 @@ def test_ab_experiment_padding_probes(monkeypatch):
     gpu.forward_plan.cache_clear()
 
 
+def test_ab_experiment_footprint_probe_walks_adjacent_slabs(monkeypatch):
+    """footprint (timing only) moves the eight-slab lanes onto adjacent slabs and nothing else: in the
+    emulator, with the math gone (dx[u] = dy[u+K-1] + x[u+K-1]), every dx row is the plain pattern's but
+    the K-1 rows before each slab end, whose window now spans the jump to the lane's next slab."""
+    import emulator
+    from conv1d_silu import gpu, ops, runtime
+    from conv1d_silu.tune import _setup
+
+    if not emulator.available():
+        pytest.skip("needs g++ for the emulator")
+    ab = _script("ab_experiment")
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"), (gpu, "torch")):
+        monkeypatch.setattr(obj, attr, getattr(obj, attr))
+    monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime, "_smem_ready", {})
+    S, C = 4096, 16
+    x, dy, w, b, doc, gd = _setup("bwd_bias", S, C, 4, torch.bfloat16, "cpu")
+    expect = (dy.float() + x.float()).to(torch.bfloat16)[3:]
+    near_slab_end = torch.arange(S - 3) % 32 >= 29
+    with ops.use_launcher(emulator.EmulatorLauncher(), emulate_arch="sm_90"):
+        for variant, bad in (("no_math_no_ticket_no_fold", torch.zeros_like(near_slab_end)),
+                             ("no_math_no_ticket_no_fold_footprint", near_slab_end)):
+            ab.use_variant(variant)
+            for program in ("rowgroup_long_8b", "rowgroup_long_flat32_8b"):
+                dx = ops.backward_impl(dy, x, w, b, doc, None, None, True, gd, program)[0]
+                assert torch.equal((dx[:-3] != expect).any(1), bad), (variant, program)
+    ab.use_variant("base")
+    gpu.backward_plan.cache_clear()
+    gpu.forward_plan.cache_clear()
+
+
 def test_ab_experiment_file_variant_and_program_fields(monkeypatch, tmp_path):
     """file=PATH swaps in the backward's whole source (the forward's stays), and a program name with
     @fields registers that program with those fields changed."""

@@ -24,7 +24,7 @@ _libs: dict[str, ctypes.CDLL] = {}
 
 DRIVER = r"""
 #include "cuda_emulator.h"
-#include "{source}.cu"
+#include "{source_file}"
 #include <utility>
 template <typename... P, size_t... N>
 static void call_with(void (*f)(P...), void** a, std::index_sequence<N...>) {{
@@ -48,21 +48,25 @@ def available() -> bool:
 
 
 def _library(source: str, kernel: str) -> ctypes.CDLL:
-    code = DRIVER.format(source=source, kernel=kernel)
+    # The expanded text that NVRTC would compile (kernels.source, patched or not), not the file on disk.
+    text = kernels.source(source)
     header = (HERE / "cuda_emulator.h").read_text()
-    key = hashlib.sha256((code + kernels.source(source) + header).encode()).hexdigest()[:20]
+    key = hashlib.sha256((DRIVER + kernel + text + header).encode()).hexdigest()[:20]
     lib = _libs.get(key)
     if lib is not None:
         return lib
     _CACHE.mkdir(parents=True, exist_ok=True)
     so = _CACHE / f"{key}.so"
     if not so.exists():
+        text_tmp = _CACHE / f"{key}.{os.getpid()}.cu"  # workers may build the same key at once
+        text_tmp.write_text(text)
+        os.replace(text_tmp, _CACHE / f"{key}.cu")
         src = _CACHE / f"{key}.cpp"
-        src.write_text(code)
+        src.write_text(DRIVER.format(source_file=f"{key}.cu", kernel=kernel))
         tmp = _CACHE / f"{key}.{os.getpid()}.so"
         cmd = [
             CXX, "-std=c++20", "-O1", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing",
-            "-I", str(HERE), "-I", str(kernels.KERNEL_DIR), str(src), "-o", str(tmp),
+            "-I", str(HERE), str(src), "-o", str(tmp),
         ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
