@@ -293,3 +293,20 @@ def test_sass_loops_reads_loops_and_names():
                for b in (0, 1) for s in (1, 8) for f in (0, 1)]
     found = {expr: [m for m in mangled if sl._matches(m, expr)] for expr in sl.INSTANCES.values()}
     assert all(len(m) == 1 for m in found.values()) and len({m[0] for m in found.values()}) == 8
+
+
+def test_line_count_model_matches_nsight_counts():
+    """scripts/line_count.py reproduces the L2 write requests (dx: no halo) that Nsight Compute counted
+    for rowgroup_long_flat32_8b at 1M tokens (docs/performance.md v24): 4194304, 7077888, 6815744 and
+    5242880 at C = 256, 264, 272, 320, i.e. exactly 4, 6.75, 6.5 and 5 per row."""
+    from conv1d_silu import routes
+
+    lc = _script("line_count")
+    program = routes.PROGRAMS["rowgroup_long_flat32_8b"]
+    for C, measured in ((256, 4194304), (264, 7077888), (272, 6815744), (320, 5242880)):
+        assert lc.backward_requests(program, 1 << 20, C) * (1 << 20) == measured, C
+    # an aligned row costs its lines whatever the program; a ragged one more than its lines
+    for name in ("rowgroup_8b", "rowgroup_long_8b", "fwd_flat16_8b"):
+        p = routes.PROGRAMS[name]
+        count = lc.forward_requests if p.direction == "fwd" else lc.backward_requests
+        assert count(p, 1 << 20, 384) == 6.0 and count(p, 1 << 20, 264) > 5.0, name
