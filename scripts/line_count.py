@@ -31,6 +31,7 @@ PERIOD = 8  # rows after which the line pattern of a contiguous bf16 row repeats
 
 
 def _lines(addresses: list[int], width: int) -> int:
+    """128-byte lines that accesses of ``width`` bytes at ``addresses`` touch."""
     return len({a // LINE for a in addresses} | {(a + width - 1) // LINE for a in addresses})
 
 
@@ -38,9 +39,7 @@ def backward_requests(program: routes.Program, S: int, C: int, itemsize: int = 2
     """L2 requests per tensor row of x (dy and dx alike) for the backward ``program``."""
     plan = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, C, S, C, C, 16, True, 0,
                              False, True, program, 0)
-    vec = C // plan.n_vec if plan.n_vec else None
-    if vec is None:  # tiled: the vector width the plan chose
-        vec = gpu.vector_width(itemsize, 4, C, 16, (C, C), bwd=True, max_bytes=program.vec_bytes)
+    vec = gpu.vector_width(itemsize, 4, C, 16, (C, C), bwd=True, max_bytes=program.vec_bytes)
     n_vec = C // vec
     lane_rows = program.slabs_per_lane * gpu.SLAB
     # one period of units: flat units cycle through nodes with n_vec / gcd(n_vec, tile_v) nodes per period
