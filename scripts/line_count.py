@@ -27,65 +27,60 @@ from conv1d_silu import gpu, routes  # noqa: E402
 
 LINE = 128
 WARP = 32
+ITEMSIZE = 2  # bf16
 PERIOD = 8  # rows after which the line pattern of a contiguous bf16 row repeats (8 x 2C = 0 mod 128)
 
 
-def _lines(addresses: list[int], width: int) -> int:
-    """128-byte lines that accesses of ``width`` bytes at ``addresses`` touch."""
-    return len({a // LINE for a in addresses} | {(a + width - 1) // LINE for a in addresses})
+def _requests(threads: int, width: int, address) -> int:
+    """Requests of ``threads`` threads in warps over PERIOD steps: per warp and step, the 128-byte
+    lines that the ``width``-byte accesses at ``address(thread, step)`` (None: idle) touch. The rows
+    of different lanes are far apart, so lines never merge across rows."""
+    total = 0
+    for w0 in range(0, threads, WARP):
+        for j in range(PERIOD):
+            at = [a for a in (address(t, j) for t in range(w0, min(w0 + WARP, threads))) if a is not None]
+            total += len({a // LINE for a in at} | {(a + width - 1) // LINE for a in at})
+    return total
 
 
-def backward_requests(program: routes.Program, S: int, C: int, itemsize: int = 2) -> float:
+def backward_requests(program: routes.Program, S: int, C: int) -> float:
     """L2 requests per tensor row of x (dy and dx alike) for the backward ``program``."""
     plan = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, C, S, C, C, 16, True, 0,
                              False, True, program, 0)
-    vec = gpu.vector_width(itemsize, 4, C, 16, (C, C), bwd=True, max_bytes=program.vec_bytes)
-    n_vec = C // vec
-    lane_rows = program.slabs_per_lane * gpu.SLAB
-    # one period of units: flat units cycle through nodes with n_vec / gcd(n_vec, tile_v) nodes per period
-    units = (n_vec // math.gcd(n_vec, plan.tile_v)) if plan.n_vec else plan.n_ctiles
-    nodes = (units * plan.tile_v // n_vec) if plan.n_vec else 1
-    requests = 0
-    for unit in range(units):
-        for w0 in range(0, plan.block, WARP):
-            for j in range(PERIOD):
-                addrs = []
-                for tid in range(w0, min(w0 + WARP, plan.block)):
-                    lane, vl = divmod(tid, plan.tile_v)
-                    if plan.n_vec:
-                        node, v = divmod(unit * plan.tile_v + vl, n_vec)
-                    else:
-                        node, v = 0, unit * plan.tile_v + vl
-                    if v >= n_vec:
-                        continue
-                    row = (node * routes.LANES + lane) * lane_rows + j
-                    addrs.append((row * C + v * vec) * itemsize)
-                # rows of different lanes / nodes are far apart: lines never merge across rows
-                requests += _lines(addrs, vec * itemsize)
-    rows = nodes * routes.LANES * PERIOD
-    return requests / rows
+    vec = gpu.vector_width(ITEMSIZE, 4, C, 16, (C, C), bwd=True, max_bytes=program.vec_bytes)
+    n_vec, lane_rows, tile_v = C // vec, program.slabs_per_lane * gpu.SLAB, plan.tile_v
+    # one period of units: flat units cycle through the nodes every n_vec / gcd(n_vec, tile_v) units
+    units = n_vec // math.gcd(n_vec, tile_v) if plan.n_vec else plan.n_ctiles
+
+    def address(unit: int, t: int, j: int) -> int | None:
+        lane, vl = divmod(t, tile_v)
+        node, v = divmod(unit * tile_v + vl, n_vec) if plan.n_vec else (0, unit * tile_v + vl)
+        if v >= n_vec:
+            return None
+        return (((node * routes.LANES + lane) * lane_rows + j) * C + v * vec) * ITEMSIZE
+
+    requests = sum(_requests(plan.block, vec * ITEMSIZE, lambda t, j, u=u: address(u, t, j)) for u in range(units))
+    nodes = units * tile_v // n_vec if plan.n_vec else 1
+    return requests / (nodes * routes.LANES * PERIOD)
 
 
-def forward_requests(program: routes.Program, S: int, C: int, itemsize: int = 2) -> float:
+def forward_requests(program: routes.Program, S: int, C: int) -> float:
     """L2 requests per tensor row of x (y alike) for the forward ``program``."""
     plan = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, C, S, C, 16, True, 0, False, False, True,
                             program, 0)
-    vec = gpu.vector_width(itemsize, 4, C, 16, (C,), bwd=False, max_bytes=program.vec_bytes)
-    n_vec, rows_per_lane = C // vec, program.rows_per_lane
-    # one period: lcm of the block and the row's vectors in (lane, vector) items
-    items = math.lcm(plan.block, plan.tile_v)
-    requests = 0
-    for ct in range(plan.n_ctiles):
-        for item0 in range(0, items, WARP):
-            for i in range(PERIOD):
-                addrs = []
-                for item in range(item0, item0 + WARP):
-                    lane, vl = divmod(item, plan.tile_v)
-                    v = ct * plan.tile_v + vl
-                    if v < n_vec:
-                        addrs.append(((lane * rows_per_lane + i) * C + v * vec) * itemsize)
-                requests += _lines(addrs, vec * itemsize)
-    return requests / (items // plan.tile_v * PERIOD)
+    vec = gpu.vector_width(ITEMSIZE, 4, C, 16, (C,), bwd=False, max_bytes=program.vec_bytes)
+    n_vec, tile_v = C // vec, plan.tile_v
+    items = math.lcm(plan.block, tile_v)  # one period of (lane, vector) items: whole blocks and whole lanes
+
+    def address(ct: int, item: int, i: int) -> int | None:
+        lane, vl = divmod(item, tile_v)
+        v = ct * tile_v + vl
+        return ((lane * program.rows_per_lane + i) * C + v * vec) * ITEMSIZE if v < n_vec else None
+
+    # warps are cut from each block's threads (a block need not be a whole number of warps)
+    requests = sum(_requests(plan.block, vec * ITEMSIZE, lambda t, i, c=ct, b=b0: address(c, b + t, i))
+                   for ct in range(plan.n_ctiles) for b0 in range(0, items, plan.block))
+    return requests / (items // tile_v * PERIOD)
 
 
 def main() -> None:
@@ -101,8 +96,8 @@ def main() -> None:
         count = forward_requests if program.direction == "fwd" else backward_requests
         for C in args.C:
             got = count(program, args.S, C)
-            ideal = math.ceil(2 * C / LINE)
-            print(f"{name} {C} {got:.3f} {ideal} {got / ideal:.3f} {got / (2 * C) / (4 / 512):.3f}")
+            ideal = math.ceil(ITEMSIZE * C / LINE)
+            print(f"{name} {C} {got:.3f} {ideal} {got / ideal:.3f} {got / (ITEMSIZE * C) / (4 / 512):.3f}")
 
 
 if __name__ == "__main__":
