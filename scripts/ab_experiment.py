@@ -57,17 +57,18 @@ NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] 
 # Timing only (wrong bits): a lane reads no rows past its own (the K-1 tail tokens of x and dy, which
 # the next lane reads as its first rows) / no rows of x before them (window_before's direct loads):
 # what the halo costs (docs/performance.md v14).
-NO_TAIL = [("      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;", "      constexpr int N_STEPS = (int)LANE_ROWS;")]
+NO_TAIL = [("      constexpr int N_STEPS = (int)THREAD_ROWS + K - 1;", "      constexpr int N_STEPS = (int)THREAD_ROWS;")]
 # Timing only (wrong dweight): the CTA writes no lane partials and folds none (v14 "Next" 3).
 NO_CTA_FOLD = [
-    ("    if (c0 < C && (SPL == 1 || r0 >= S)) {", "    if (c0 < C && (SPL == 1 || r0 >= S) && n_units < 0) {"),
+    ("    if (ROWS ? lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {",
+     "    if ((ROWS ? lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) && n_units < 0) {"),
     ("    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {",
      "    for (int i = threadIdx.x; i < n_vals && n_units < 0; i += blockDim.x) {"),
 ]
 # Timing only (no ordering: a parent may be folded before its children's nodes are visible): what
 # the ticket's release, which waits for the CTA's outstanding writes (dx included), costs.
 RELAXED_TICKET = [("atom.add.acq_rel.gpu.u32", "atom.add.relaxed.gpu.u32")]
-NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
+NO_BEFORE = [("      if (math) window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
               "      for (int m = 0; m < K; ++m)\n        for (int e = 0; e < VEC; ++e) xr[m][e] = A(0);")]
 # Diagnostic for the flat backward (exact only where every unit's columns share one node, i.e. the
 # vectors per row are a multiple of the columns per CTA, e.g. C = 256): thread 0 takes column 0's
@@ -113,7 +114,7 @@ class _PaddedDx:
 # 256 consecutive rows at a time, as the one-slab programs' and the forward's CTAs do, where normally
 # they are 256 rows apart. v12 measured it at C = 384 only (no change); ragged C is v22 Next 2.
 FOOTPRINT = [
-    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
+    ("    const long long r0 = (node * LANES + lane * WALK) * LANE_ROWS;",
      "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
     ("      auto prefetch_whole = [&](int st) {", "      int fp_turns = 0;\n      auto prefetch_whole = [&](int st) {"),
     ("        async_commit();\n      };\n      auto prefetch = [&](int q) {",

@@ -189,6 +189,36 @@ template <typename T, int VEC, int K, int NSRC, int DEPTH> struct RowPipe {
   }
 };
 
+// Whole-row CTAs: per stage, lane group and source (x, dy) one slot of K consecutive rows, copied by
+// the whole CTA as one run in 16-byte pieces counted from the 128-byte line below the run's start:
+// each warp's copy then touches whole lines only (4 per warp instruction), where per-thread columns
+// of rows of 2C bytes (2C not a multiple of 128) touch ~1.35x the lines (docs/performance.md v24).
+// A slot holds K * C elements after up to 128 bytes of the first row's line (`head`). The pipeline
+// starts 16-byte aligned after the fold's slots (run_pipe_offset).
+C1S_FN int run_pipe_offset(int slot_bytes) { return (slot_bytes + 15) & ~15; }
+template <typename T, int K, int GROUPS> struct RunPipe {
+  T* base;
+  int C;
+  C1S_FN int slot_elems() const { return K * C + 128 / (int)sizeof(T); }
+  C1S_FN T* at(int stage, int g, int src) const { return base + ((stage * GROUPS + g) * 2 + src) * slot_elems(); }
+  // Where the run starting at `from` begins in its slot: its offset in its 128-byte line, in elements.
+  static C1S_FN int head(const T* from) { return (int)(reinterpret_cast<unsigned long long>(from) & 127) / (int)sizeof(T); }
+  // The run of K rows at `from` (16-byte aligned) into at(stage, g, src) + head(from), by every
+  // thread of the CTA (blockDim.x a multiple of 32: each warp's pieces stay 4 whole lines).
+  C1S_FN void copy(int stage, int g, int src, const T* from) const {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(from);
+    const char* line = reinterpret_cast<const char*>(a & ~127ull);
+    const int first = (int)(a & 127), end = first + K * C * (int)sizeof(T);
+    char* dst = reinterpret_cast<char*>(at(stage, g, src));
+    for (int b = (int)threadIdx.x * 16; b < end; b += (int)blockDim.x * 16)
+      if (b >= first) async_copy<16>(dst + b, line + b);
+  }
+  // This thread's vector of row `row` of a turn that is not one run (head 0).
+  template <int VEC> C1S_FN void copy_mine(int stage, int g, int src, int row, int c0, const T* from) const {
+    async_copy<VEC * (int)sizeof(T)>(at(stage, g, src) + row * C + c0, from);
+  }
+};
+
 // dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
 template <typename TG, typename A, int K, bool HAS_BIAS>
 C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate, int k, int c, A v) {
