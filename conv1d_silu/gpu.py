@@ -322,10 +322,11 @@ def row_block(walk: int, n_vec: int) -> int:
 
 
 def row_smem(walk: int, K: int, C: int, itemsize: int, nb: int, acc_size: int) -> int:
-    """The fold's slots [LANES][NB][C], then per stage, lane group and source a run of K rows after up to
-    128 bytes of its first line (kernels/common.cuh, RunPipe)."""
-    slots = -(-LANES * nb * C * acc_size // 16) * 16
-    return slots + pipe_depth(K) * (LANES // walk) * 2 * (K * C * itemsize + 128)
+    """The fold's slots [1 + LANES - walk][NB][C], then per stage, lane group and source (x, dy) and two
+    more per lane group (dx) a run of K rows after up to 128 bytes of its first line
+    (kernels/conv1d_silu_bwd.cu, SLOTS; kernels/common.cuh, RunPipe)."""
+    slots = -(-(1 + LANES - walk) * nb * C * acc_size // 16) * 16
+    return slots + (pipe_depth(K) * 2 + 2) * (LANES // walk) * (K * C * itemsize + 128)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -60,8 +60,8 @@ NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] 
 NO_TAIL = [("      constexpr int N_STEPS = (int)THREAD_ROWS + K - 1;", "      constexpr int N_STEPS = (int)THREAD_ROWS;")]
 # Timing only (wrong dweight): the CTA writes no lane partials and folds none (v14 "Next" 3).
 NO_CTA_FOLD = [
-    ("    if (ROWS ? lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {",
-     "    if ((ROWS ? lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) && n_units < 0) {"),
+    ("    if (ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {",
+     "    if ((ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) && n_units < 0) {"),
     ("    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {",
      "    for (int i = threadIdx.x; i < n_vals && n_units < 0; i += blockDim.x) {"),
 ]
@@ -125,6 +125,9 @@ FOOTPRINT = [
      "          store_vec(pdx, 0, dxv);\n          pdx += C;\n"
      "          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
 ]
+# Whole-row CTAs (rowgroup_rows_8b) with dx stored per thread, as the columns' programs do, instead
+# of in runs of whole lines through shared memory (docs/performance.md v25).
+ROWS_DX_DIRECT = [("  constexpr bool DX_RUNS = ROWS;", "  constexpr bool DX_RUNS = false;")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -143,6 +146,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
     "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
+    "rows_dx_direct": ROWS_DX_DIRECT,
     "footprint": FOOTPRINT, "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)

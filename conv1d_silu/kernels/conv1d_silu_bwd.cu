@@ -53,17 +53,24 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr int WALK = ROWS ? ROW_WALK : 1;  // lanes one thread walks, one after the other
   constexpr int GROUPS = LANES / WALK;       // lanes walked at once
   static_assert(LANES % WALK == 0 && !(ROWS && FLAT), "whole rows: lane groups of a tiled unit");
-  static_assert(!ROWS || DEPTH >= 2, "whole rows: the wait comes before the barrier");
+  static_assert(!ROWS || (DEPTH >= 2 && SPL == 1), "whole rows: one-slab lanes; the wait comes before the barrier");
   constexpr long long LANE_ROWS = (long long)SPL * SLAB;
   constexpr long long THREAD_ROWS = WALK * LANE_ROWS;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
   constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold pass
+  // The fold's slots, one per lane; whole rows: lane group 0 adds its slabs into slot 0 as it ends
+  // them (the canonical fold adds lanes 0, 1, 2, ... in this order anyway), every later lane has
+  // its own slot.
+  constexpr int SLOTS = ROWS ? 1 + LANES - WALK : LANES;
+  // Whole rows: dx too leaves in runs of whole lines (staged in shared memory, stored by the CTA a
+  // turn later), where its rows are 16-byte aligned.
+  constexpr bool DX_RUNS = ROWS;
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
-  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [SLOTS][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
-  const RunPipe<T, K, GROUPS> runs{
-      reinterpret_cast<T*>(smem_raw + run_pipe_offset(LANES * NB * tile_v * VEC * (int)sizeof(A))), C};
+  const RunPipe<T, K, GROUPS, DEPTH> runs{
+      reinterpret_cast<T*>(smem_raw + run_pipe_offset(SLOTS * NB * tile_v * VEC * (int)sizeof(A))), C};
   // The fold's plans (one per tiled unit; one per column of a flat unit, tile_v <= 32): the node
   // and first channel, then per level the children to fold (0: none) and the workspace index of
   // the first child and of the parent
@@ -105,7 +112,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     // GROUPS groups, up to a whole warp, only copy rows in).
     const long long r0 = (node * LANES + lane * WALK) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + THREAD_ROWS);  // own rows: [r0, r_end)
-    A* my_slot = slot + (lane * WALK * NB * tile_c) + vl * VEC;     // + (w * NB + k) * tile_c + e
+    // + k * tile_c + e; whole rows: lane lane * WALK + w at + (w * NB + k) * tile_c + e (group 0: all at 0)
+    A* my_slot = slot + ((ROWS && lane > 0 ? 1 + (lane - 1) * WALK : ROWS ? 0 : lane) * NB * tile_c) + vl * VEC;
     const bool math = !ROWS || (lane < GROUPS && r0 < S);           // (always, when not whole rows)
 
     A acc[NB][VEC];
@@ -162,13 +170,23 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       const long long node_r0 = node * LANES * LANE_ROWS;
       const bool runs_ok = ROWS && x_rs == C && dy_rs == C && C * (int)sizeof(T) % 16 == 0 &&
                            ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)) & 15) == 0;
+      const bool dx_runs = DX_RUNS && C * (int)sizeof(T) % 16 == 0 && (reinterpret_cast<unsigned long long>(dx) & 15) == 0;
       auto run_start = [&](int g, int q) { return node_r0 + g * THREAD_ROWS + q * K; };
+      // Turn q's dx rows (window rows 0 .. K-1 of its steps: rows run_start - (K-1) ... run_start,
+      // the group's own ones) of every lane group, from shared memory, by the whole CTA.
+      auto store_dx = [&](int q) {
+        for (int g = 0; g < GROUPS; ++g) {
+          const long long row0 = run_start(g, q) - (K - 1), g0 = run_start(g, 0);
+          const long long lo = max_<long long>(row0, g0), hi = min_<long long>(min_<long long>(S, g0 + THREAD_ROWS), row0 + K);
+          if (lo < hi) runs.store(q & 1, g, runs.addr(dx, row0 * C), (int)(lo - row0) * C, (int)(hi - row0) * C);
+        }
+      };
       auto is_run = [&](int g, int q) { return runs_ok && q * K + K <= N_STEPS && run_start(g, q) + K <= S; };
       auto prefetch_rows = [&](int q) {
         const int st = q % DEPTH;
         if (q < N_TURNS) {
           for (int run = 0; run < 2 * GROUPS; ++run)
-            if (is_run(run >> 1, q)) runs.copy(st, run >> 1, run & 1, (run & 1 ? dy : x) + (I)run_start(run >> 1, q) * (I)C);
+            if (is_run(run >> 1, q)) runs.copy(st, run >> 1, run & 1, runs.addr(run & 1 ? dy : x, run_start(run >> 1, q) * C));
           if (math && !is_run(lane, q)) {
 #pragma unroll
             for (int i = 0; i < K; ++i) {
@@ -219,6 +237,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       int stage = 0;
       const T* rx = nullptr;  // whole rows: this thread's vector of the stage's first x / dy row
       const T* rdy = nullptr;
+      T* sdx = nullptr;  // whole rows, dx in runs: this thread's vector of the turn's first dx row
       auto row_in = [&](int row, int src) -> const T* {
         if constexpr (ROWS) return (src ? rdy : rx) + row * C;
         else return pipe.at(stage, row, src);
@@ -293,8 +312,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
                 v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
             dxv[e] = v;
           }
-          store_vec(pdx, 0, dxv);
-          pdx += C;
+          if (ROWS && dx_runs) {
+            store_vec(sdx, P * C, dxv);
+          } else {
+            store_vec(pdx, 0, dxv);
+            pdx += C;
+          }
         }
         if (HAS_INIT) {
           // A document starting at window row m >= 1 completes its initial-state row K-1-m.
@@ -316,10 +339,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           }
         }
         if ((SPL > 1 || ROWS) && j < THREAD_ROWS && j % SLAB == SLAB - 1) {
-          // end of slab j / SLAB: fold it into its lane's level-1 node (SPL = 8), in index order,
-          // or write it as its lane's value (SPL = 1); slabs past S give their +0 like any other
-          A* lane_slot = my_slot + (ROWS ? j / (int)LANE_ROWS * NB * tile_c : 0);
-          const bool first = j % LANE_ROWS < SLAB;
+          // end of slab j / SLAB: fold it into the lane's level-1 node (SPL = 8), in index order;
+          // whole rows: write it as its lane's value, or add it to slot 0 (lane group 0). Slabs
+          // past S give their +0 like any other.
+          A* lane_slot = my_slot + (ROWS && lane > 0 ? j / SLAB * NB * tile_c : 0);
+          const bool first = ROWS ? lane > 0 || j < SLAB : j % LANE_ROWS < SLAB;
 #pragma unroll
           for (int k = 0; k < NB; ++k)
 #pragma unroll
@@ -342,12 +366,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           async_wait<DEPTH - 2>();  // this thread's copies of turn q have landed,
           __syncthreads();          // and every thread's; and turn q - 1's stage is free again
           prefetch_rows(q + DEPTH - 1);
+          if (dx_runs && q > 0) store_dx(q - 1);  // written before the barrier; its slot is rewritten after the next
           if (!math) continue;
           stage = q % DEPTH;
           const long long t0 = run_start(lane, q);
           const bool run = is_run(lane, q);
-          rx = runs.at(stage, lane, 0) + (run ? runs.head(x + (I)t0 * (I)C) : 0) + c0;
-          rdy = runs.at(stage, lane, 1) + (run ? runs.head(dy + (I)t0 * (I)C) : 0) + c0;
+          rx = runs.at(stage, lane, 0) + (run ? runs.head(runs.addr(x, t0 * C)) : 0) + c0;
+          rdy = runs.at(stage, lane, 1) + (run ? runs.head(runs.addr(dy, t0 * C)) : 0) + c0;
+          sdx = runs.dx_at(q & 1, lane) + runs.head(runs.addr(dx, (t0 - (K - 1)) * C)) + c0;
           if (j0 + K <= own_steps) {
             if (q >= 1)
               static_for<0, K>([&](auto p) { step(p, Bool<true>{}, Bool<true>{}, j0 + decltype(p)::value); });
@@ -378,12 +404,18 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           });
         }
       }
+      if constexpr (ROWS) {
+        if (dx_runs) {
+          __syncthreads();  // the last turn's dx rows are in their slot
+          store_dx(N_TURNS - 1);
+        }
+      }
     }
 
     // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
     // slot, all 8 slabs folded); a lane without rows contributes +0 (whole rows: every lane of a
     // group without rows; the others are written at their slab ends).
-    if (ROWS ? lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {
+    if (ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
       for (int w = 0; w < WALK; ++w)
 #pragma unroll
@@ -412,7 +444,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       if (c >= C) continue;
       A v = slot[k * tile_c + cl];
 #pragma unroll
-      for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
+      for (int l = 1; l < SLOTS; ++l) v += slot[(l * NB + k) * tile_c + cl];
       if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
