@@ -310,6 +310,7 @@ def row_walk(program: Program, K: int, C: int, vec: int, itemsize: int, nb: int,
     threads (LANES / walk groups of C / vec, rounded up to whole warps) fit MAX_BLOCK; 0 when no walk
     fits (C / vec > MAX_BLOCK) or the fold's slots and the run pipeline exceed ROWS_SMEM."""
     walk = program.row_walk
+    assert not walk or program.slabs_per_lane == 1, f"{program.name}: whole-row CTAs walk one-slab lanes"
     while walk and walk < LANES and row_block(walk, C // vec) > MAX_BLOCK:
         walk *= 2
     if not walk or row_block(walk, C // vec) > MAX_BLOCK or row_smem(walk, K, C, itemsize, nb, acc_size) > ROWS_SMEM:
