@@ -121,9 +121,9 @@ FOOTPRINT = [
      "        if (++fp_turns % (SLAB / K) == 0) {\n          px += (LANES - 1) * SLAB * x_rs;\n"
      "          pdy += (LANES - 1) * SLAB * dy_rs;\n        }\n        async_commit();\n      };\n"
      "      auto prefetch = [&](int q) {"),
-    ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
-     "          store_vec(pdx, 0, dxv);\n          pdx += C;\n"
-     "          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
+    ("            store_vec(pdx, 0, dxv);\n            pdx += C;\n",
+     "            store_vec(pdx, 0, dxv);\n            pdx += C;\n"
+     "            if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
 ]
 # Whole-row CTAs (rowgroup_rows_8b) with dx stored per thread, as the columns' programs do, instead
 # of in runs of whole lines through shared memory (docs/performance.md v25).
