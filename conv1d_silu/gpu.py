@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -301,35 +301,6 @@ def stream_scratch(what: str, n: int, dtype: torch.dtype, device: torch.device) 
     return buf[:n]
 
 
-MAX_BLOCK = 256  # the backward's __launch_bounds__
-ROWS_SMEM = 227 * 1024  # whole-row CTAs past this much shared memory (sm_90's opt-in limit) fall back
-
-
-def row_walk(program: Program, K: int, C: int, vec: int, itemsize: int, nb: int, acc_size: int) -> int:
-    """Lanes one thread of a whole-row CTA walks: the program's ``row_walk``, doubled until the CTA's
-    threads (LANES / walk groups of C / vec, rounded up to whole warps) fit MAX_BLOCK; 0 when no walk
-    fits (C / vec > MAX_BLOCK) or the fold's slots and the run pipeline exceed ROWS_SMEM."""
-    walk = program.row_walk
-    assert not walk or program.slabs_per_lane == 1, f"{program.name}: whole-row CTAs walk one-slab lanes"
-    while walk and walk < LANES and row_block(walk, C // vec) > MAX_BLOCK:
-        walk *= 2
-    if not walk or row_block(walk, C // vec) > MAX_BLOCK or row_smem(walk, K, C, itemsize, nb, acc_size) > ROWS_SMEM:
-        return 0
-    return walk
-
-
-def row_block(walk: int, n_vec: int) -> int:
-    return -(-(LANES // walk) * n_vec // 32) * 32
-
-
-def row_smem(walk: int, K: int, C: int, itemsize: int, nb: int, acc_size: int) -> int:
-    """The fold's slots [1 + LANES - walk][NB][C], then per stage, lane group and source (x, dy) and two
-    more per lane group (dx) a run of K rows after up to 128 bytes of its first line
-    (kernels/conv1d_silu_bwd.cu, SLOTS; kernels/common.cuh, RunPipe)."""
-    slots = -(-(1 + LANES - walk) * nb * C * acc_size // 16) * 16
-    return slots + (pipe_depth(K) * 2 + 2) * (LANES // walk) * (K * C * itemsize + 128)
-
-
 @functools.lru_cache(maxsize=8192)
 def backward_plan(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, S: int, x_stride: int,
@@ -337,16 +308,12 @@ def backward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
-    nb = K + (1 if has_bias else 0)
-    acc_size = 8 if dtype == torch.float64 else 4
-    walk = row_walk(program, K, C, vec, itemsize, nb, acc_size)
-    if program.row_walk and not walk:  # rows too wide for one CTA: the same walk in flat 32-column CTAs
-        program = replace(program, row_walk=0, flat=True, max_tile_vectors=32)
     spl = program.slabs_per_lane
     cta_level = 1 if spl == 1 else 2
     root, nodes = tree_shape(S)
+    nb = K + (1 if has_bias else 0)
     n_vec = C // vec if program.flat else 0  # flat: tile_v (node, vector) columns per CTA
-    tile_v = C // vec if walk else program_tile(program, C, vec, itemsize)
+    tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = 1 if program.flat else math.ceil(C // vec / tile_v)
     n_units = math.ceil(nodes[cta_level] * n_vec / tile_v) if program.flat else nodes[cta_level] * n_ctiles
     ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
@@ -355,15 +322,11 @@ def backward_plan(
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", spl, pipe_depth(K), program.flat, walk,
+        "long long" if wide else "int", spl, pipe_depth(K), program.flat,
     )
-    if walk:
-        block = row_block(walk, tile_v)
-        smem = row_smem(walk, K, C, itemsize, nb, acc_size)
-    else:
-        block = LANES * tile_v
-        slots = block * nb * vec * acc_size  # [LANES][NB][tile_c] accumulators
-        smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
+    block = LANES * tile_v
+    slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
+    smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec)
 
 

@@ -41,10 +41,6 @@ class Program:
     # the forward's 256-thread CTAs cover whole rows; the backward's cover max_tile_vectors
     # (node, vector) columns of LANES lanes each, one ticket per column
     flat: bool = False
-    # Backward CTAs of whole rows: LANES / row_walk lane groups of C / vec threads, each thread walking
-    # row_walk lanes in sequence, x and dy copied in by the CTA in row-contiguous runs (whole 128-byte
-    # lines at any C; docs/performance.md v25). 0: per-thread columns.
-    row_walk: int = 0
 
 
 LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
@@ -137,15 +133,6 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
             vec_bytes=8,
             flat=True,
-        ),
-        Program(
-            "rowgroup_rows_8b",
-            "bwd",
-            "row groups of 8 slabs, 8-byte accesses, CTAs of whole rows: two lane groups of C / 4 threads, each "
-            "thread walking 4 slabs in a row, x and dy copied in by the CTA in whole 128-byte lines",
-            vec_bytes=8,
-            row_walk=4,
-            routed=False,
         ),
         Program(
             "rowgroup_sm",

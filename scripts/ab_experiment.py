@@ -57,18 +57,17 @@ NO_MATH_FWD = [("conv1d_silu_fwd", "yv[e] = SILU ? z * sigmoid(z) : z;", "yv[e] 
 # Timing only (wrong bits): a lane reads no rows past its own (the K-1 tail tokens of x and dy, which
 # the next lane reads as its first rows) / no rows of x before them (window_before's direct loads):
 # what the halo costs (docs/performance.md v14).
-NO_TAIL = [("      constexpr int N_STEPS = (int)THREAD_ROWS + K - 1;", "      constexpr int N_STEPS = (int)THREAD_ROWS;")]
+NO_TAIL = [("      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;", "      constexpr int N_STEPS = (int)LANE_ROWS;")]
 # Timing only (wrong dweight): the CTA writes no lane partials and folds none (v14 "Next" 3).
 NO_CTA_FOLD = [
-    ("    if (ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {",
-     "    if ((ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) && n_units < 0) {"),
+    ("    if (c0 < C && (SPL == 1 || r0 >= S)) {", "    if (c0 < C && (SPL == 1 || r0 >= S) && n_units < 0) {"),
     ("    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) {",
      "    for (int i = threadIdx.x; i < n_vals && n_units < 0; i += blockDim.x) {"),
 ]
 # Timing only (no ordering: a parent may be folded before its children's nodes are visible): what
 # the ticket's release, which waits for the CTA's outstanding writes (dx included), costs.
 RELAXED_TICKET = [("atom.add.acq_rel.gpu.u32", "atom.add.relaxed.gpu.u32")]
-NO_BEFORE = [("      if (math) window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
+NO_BEFORE = [("      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);",
               "      for (int m = 0; m < K; ++m)\n        for (int e = 0; e < VEC; ++e) xr[m][e] = A(0);")]
 # Diagnostic for the flat backward (exact only where every unit's columns share one node, i.e. the
 # vectors per row are a multiple of the columns per CTA, e.g. C = 256): thread 0 takes column 0's
@@ -114,20 +113,17 @@ class _PaddedDx:
 # 256 consecutive rows at a time, as the one-slab programs' and the forward's CTAs do, where normally
 # they are 256 rows apart. v12 measured it at C = 384 only (no change); ragged C is v22 Next 2.
 FOOTPRINT = [
-    ("    const long long r0 = (node * LANES + lane * WALK) * LANE_ROWS;",
+    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
      "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
     ("      auto prefetch_whole = [&](int st) {", "      int fp_turns = 0;\n      auto prefetch_whole = [&](int st) {"),
     ("        async_commit();\n      };\n      auto prefetch = [&](int q) {",
      "        if (++fp_turns % (SLAB / K) == 0) {\n          px += (LANES - 1) * SLAB * x_rs;\n"
      "          pdy += (LANES - 1) * SLAB * dy_rs;\n        }\n        async_commit();\n      };\n"
      "      auto prefetch = [&](int q) {"),
-    ("            store_vec(pdx, 0, dxv);\n            pdx += C;\n",
-     "            store_vec(pdx, 0, dxv);\n            pdx += C;\n"
-     "            if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
+    ("          store_vec(pdx, 0, dxv);\n          pdx += C;\n",
+     "          store_vec(pdx, 0, dxv);\n          pdx += C;\n"
+     "          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
 ]
-# Whole-row CTAs (rowgroup_rows_8b) with dx stored per thread, as the columns' programs do, instead
-# of in runs of whole lines through shared memory (docs/performance.md v25).
-ROWS_DX_DIRECT = [("  constexpr bool DX_RUNS = ROWS;", "  constexpr bool DX_RUNS = false;")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -146,7 +142,6 @@ VARIANTS = {
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
     "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
-    "rows_dx_direct": ROWS_DX_DIRECT,
     "footprint": FOOTPRINT, "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)

@@ -64,30 +64,6 @@ def backward_requests(program: routes.Program, S: int, C: int) -> float:
     return requests / (nodes * routes.LANES * PERIOD)
 
 
-def row_requests(program: routes.Program, S: int, C: int) -> tuple[float, float]:
-    """(reads, writes): L2 requests per tensor row of x (dy alike) and of dx for a whole-row backward
-    ``program`` (routes.Program.row_walk). Reads: each turn of a lane group is one run of K rows
-    copied from the line below its start in 16-byte pieces, 4 lines per warp, so the run's lines
-    once each. Writes: the per-thread dx stores of the (lane group, vector) threads."""
-    plan = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, C, S, C, C, 16, True, 0,
-                             False, True, program, 0)
-    walk = int(plan.kernel.rsplit(",", 1)[1].rstrip(">"))
-    assert walk, f"{program.name} at C = {C} does not run in whole-row CTAs"
-    K, n_vec, vec = 4, plan.tile_v, C // plan.tile_v
-    row_bytes = C * ITEMSIZE
-    # a run of K rows starts at a multiple of K rows: its offset in its line repeats every PERIOD / gcd rows
-    starts = [(q * K * row_bytes) % LINE for q in range(PERIOD)]
-    reads = sum(math.ceil((o + K * row_bytes) / LINE) for o in starts) / (K * len(starts))
-    lane_rows = walk * program.slabs_per_lane * gpu.SLAB
-
-    def address(t: int, j: int) -> int | None:
-        g, v = divmod(t, n_vec)
-        return ((g * lane_rows + j) * C + v * vec) * ITEMSIZE if g < routes.LANES // walk else None
-
-    writes = _requests(plan.block, vec * ITEMSIZE, address) / (routes.LANES // walk * PERIOD)
-    return reads, writes
-
-
 def forward_requests(program: routes.Program, S: int, C: int) -> float:
     """L2 requests per tensor row of x (y alike) for the forward ``program``."""
     plan = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, C, S, C, 16, True, 0, False, False, True,
@@ -119,13 +95,8 @@ def main() -> None:
         program = routes.PROGRAMS[name]
         count = forward_requests if program.direction == "fwd" else backward_requests
         for C in args.C:
-            ideal = math.ceil(ITEMSIZE * C / LINE)
-            if program.row_walk:
-                reads, writes = row_requests(program, args.S, C)
-                print(f"{name} {C} reads {reads:.3f} writes {writes:.3f} {ideal} "
-                      f"{(2 * reads + writes) / 3 / ideal:.3f}")
-                continue
             got = count(program, args.S, C)
+            ideal = math.ceil(ITEMSIZE * C / LINE)
             print(f"{name} {C} {got:.3f} {ideal} {got / ideal:.3f} {got / (ITEMSIZE * C) / (4 / 512):.3f}")
 
 

@@ -32,7 +32,7 @@ from conv1d_silu.gpu import pipe_depth  # noqa: E402
 bf16 = torch.bfloat16
 INSTANCES = {
     f"bias{int(bias)} spl{spl} flat{int(flat)}": kernels.name_expression(
-        "conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, bias, SINGLE, False, True, "int", spl, pipe_depth(4), flat, 0)
+        "conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, bias, SINGLE, False, True, "int", spl, pipe_depth(4), flat)
     for spl in (1, 8) for bias in (False, True) for flat in (False, True)
 }
 
@@ -94,11 +94,11 @@ def main() -> None:
 
 
 def _matches(mangled: str, expr: str) -> bool:
-    # the mangled name's template flags: ...Lb<bias>ELi<mode>ELb<init>ELb<silu>EiLi<spl>ELi<depth>ELb<flat>ELi<walk>E
+    # the mangled name's template flags: ...Lb<bias>ELi<mode>ELb<init>ELb<silu>EiLi<spl>ELi<depth>ELb<flat>E
     args = [a.strip() for a in expr[expr.index("<") + 1:-1].split(",")]
-    bias, mode, init, silu, spl, depth, flat, walk = (args[i] for i in (5, 6, 7, 8, 10, 11, 12, 13))
+    bias, mode, init, silu, spl, depth, flat = (args[i] for i in (5, 6, 7, 8, 10, 11, 12))
     b = {"true": "1", "false": "0"}
-    tail = f"ELb{b[bias]}ELi{mode}ELb{b[init]}ELb{b[silu]}EiLi{spl}ELi{depth}ELb{b[flat]}ELi{walk}E"
+    tail = f"ELb{b[bias]}ELi{mode}ELb{b[init]}ELb{b[silu]}EiLi{spl}ELi{depth}ELb{b[flat]}E"
     return tail in mangled
 
 

@@ -177,42 +177,7 @@ def test_flat_forward_rows_wider_than_a_cta(kernel_backend, mode):
     torch.testing.assert_close(ys[0].cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-# Whole-row CTAs (rowgroup_rows_8b): runs of rows copied by the CTA where rows are unpadded and
-# 16-byte aligned, per-thread copies where not, walks doubled for wide rows, flat CTAs past what a
-# CTA holds. The bits are the canonical ones in every case.
-ROW_CASES = {
-    "runs": dict(S=1000, C=264, K=4, mode="single"),  # the last CTA's second lane group partly past S
-    "runs_documents": dict(S=300, C=264, K=4, mode="cu_seqlens", init=True),
-    "idle_group": dict(S=90, C=40, K=4, mode="single"),  # the second lane group has no rows
-    "padded_rows": dict(S=700, C=88, K=4, mode="batch", init=True, row_pad=8),  # per-thread copies
-    "rows_of_72_bytes": dict(S=500, C=36, K=3, mode="seq_idx", init=True),  # no 16-byte runs
-    "walk_8": dict(S=600, C=520, K=4, mode="single"),  # 130 vectors: one lane group walks all 8 lanes
-    "flat_fallback": dict(S=70, C=1040, K=4, mode="single"),  # 260 vectors: more than a CTA's threads
-    "two_stages": dict(S=400, C=16, K=8, mode="single"),
-}
-
-
-@pytest.mark.parametrize("name", ROW_CASES)
-def test_whole_row_ctas_give_the_canonical_bits(kernel_backend, name):
-    case = make_case(**ROW_CASES[name], dtype=torch.bfloat16, device=kernel_backend.device)
-    case["dy"] = torch.randn_like(case["x"])
-    base = _grads(case, program="rowgroup")[0]
-    for a, b in zip(base, _grads(case, program="rowgroup_rows_8b")[0]):
-        assert torch.equal(a, b)
-
-
-def test_whole_row_ctas_read_misaligned_rows(kernel_backend):
-    """x two bytes past a 16-byte boundary: 2-byte vectors, copied per thread; canonical bits."""
-    case = make_case(S=300, C=24, K=4, dtype=torch.bfloat16, device=kernel_backend.device)
-    x = case["x"]
-    case["x"] = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view_as(x).copy_(x)
-    case["dy"] = torch.randn_like(x)
-    base = _grads(case, program="rowgroup")[0]
-    for a, b in zip(base, _grads(case, program="rowgroup_rows_8b")[0]):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("program", ["rowgroup", "rowgroup_long_flat32_8b", "rowgroup_rows_8b"])
+@pytest.mark.parametrize("program", ["rowgroup", "rowgroup_flat_8b", "rowgroup_long_flat32_8b"])
 def test_trailing_rows_finish_dx_like_one_call(kernel_backend, program):
     """Context parallelism's trailing rows (the next rank's first K-1 tokens): the first S1 rows' dx
     with them equals that of one call over all rows, bit for bit."""

@@ -37,8 +37,8 @@ FWD = [
     (f64, f64, 4, 1, True, SINGLE, True, True, True, "int", 32),
 ]
 INSTANCES = {
-    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3]), flat, walk)
-                        for a in BWD for flat, walk in ((False, 0), (True, 0), (False, 4)) if a[-1] == 1 or not walk],
+    "conv1d_silu_bwd": [kernels.name_expression("conv1d_silu_bwd", *a, pipe_depth(a[3]), flat)
+                        for a in BWD for flat in (False, True)],
     "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
 ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
@@ -116,8 +116,8 @@ def test_kernels_compile(source, arch, tmp_path):
 # performance regression (docs/performance.md v8).
 HOT = [
     ("conv1d_silu_bwd", kernels.name_expression("conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, True, SINGLE, False, True,
-                                                "int", spl, pipe_depth(4), flat, walk), 128)
-    for spl in (1, 8) for flat, walk in ((False, 0), (True, 0), (False, 4)) if spl == 1 or not walk
+                                                "int", spl, pipe_depth(4), flat), 128)
+    for spl in (1, 8) for flat in (False, True)
 ] + [
     ("conv1d_silu_fwd", kernels.name_expression("conv1d_silu_fwd", bf16, bf16, 4, 4, True, SINGLE, False, False, True,
                                                 "int", rows, pipe_depth(4)), 64)
@@ -289,7 +289,7 @@ def test_sass_loops_reads_loops_and_names():
     body = "\n".join(f"        /*{0x100 + 16 * i:04x}*/                   FADD R1, R1, R2 ;" for i in range(50))
     sass = body + "\n        /*0420*/              @P0 BRA 0x100 ;\n        /*0430*/              @!P1 BRA 0x400 ;\n"
     assert sl.loops(sass) == (52, [(0x100, 0x420, 51)])
-    mangled = [f"_Z15conv1d_silu_bwdIN3c1s4bf16ES1_S1_Li4ELi4ELb{b}ELi0ELb0ELb1EiLi{s}ELi3ELb{f}ELi0EEvPKT_"
+    mangled = [f"_Z15conv1d_silu_bwdIN3c1s4bf16ES1_S1_Li4ELi4ELb{b}ELi0ELb0ELb1EiLi{s}ELi3ELb{f}EEvPKT_"
                for b in (0, 1) for s in (1, 8) for f in (0, 1)]
     found = {expr: [m for m in mangled if sl._matches(m, expr)] for expr in sl.INSTANCES.values()}
     assert all(len(m) == 1 for m in found.values()) and len({m[0] for m in found.values()}) == 8

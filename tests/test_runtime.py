@@ -103,25 +103,6 @@ def test_flat_backward_plan_has_a_column_per_node_and_vector():
     assert a.n_tickets == (16 + 2 + 1) * 66  # one per (parent, vector) at levels 2..4
 
 
-
-@pytest.mark.parametrize("C,walk,block", [(264, 4, 160), (512, 4, 256), (520, 8, 160), (1024, 8, 256)])
-def test_whole_row_plan_fits_its_lane_groups_in_whole_warps(C, walk, block):
-    p = routes.PROGRAMS["rowgroup_rows_8b"]
-    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, C, 32768, C, C, 16, True, 0, False, True, p, 1)
-    # one tiled unit per level-1 node (128 of them), the tile the whole row; 8 / walk lane groups of
-    # C / 4 threads, rounded up to whole warps
-    assert (a.tile_v, a.n_ctiles, a.n_units, a.block) == (C // 4, 1, 128, block)
-    assert a.kernel.endswith(f", false, {walk}>")
-    assert a.smem == gpu.row_smem(walk, 4, C, 2, 5, 4) <= gpu.ROWS_SMEM
-
-
-def test_whole_row_plan_falls_back_to_flat_columns_past_a_cta():
-    p = routes.PROGRAMS["rowgroup_rows_8b"]
-    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 1040, 32768, 1040, 1040, 16, True, 0, False, True,
-                          p, 1)
-    assert a.kernel.endswith(", true, 0>") and (a.tile_v, a.block, a.n_vec) == (32, 256, 260)
-
-
 def test_tree_shape():
     assert gpu.tree_shape(1) == (2, [1, 1, 1])
     assert gpu.tree_shape(250340) == (5, [7824, 978, 123, 16, 2, 1])  # 32-token slabs, fan-in 8

@@ -189,49 +189,6 @@ template <typename T, int VEC, int K, int NSRC, int DEPTH> struct RowPipe {
   }
 };
 
-// Whole-row CTAs: per stage, lane group and source (x, dy) one slot of K consecutive rows, copied by
-// the whole CTA as one run in 16-byte pieces counted from the 128-byte line below the run's start:
-// each warp's copy then touches whole lines only (4 per warp instruction), where per-thread columns
-// of rows of 2C bytes (2C not a multiple of 128) touch ~1.35x the lines (docs/performance.md v24).
-// A slot holds K * C elements after up to 128 bytes of the first row's line (`head`). After the
-// DEPTH stages, two dx slots per lane group (a turn's dx rows, stored by the CTA a turn later). The
-// pipeline starts 16-byte aligned after the fold's slots (run_pipe_offset).
-C1S_FN int run_pipe_offset(int slot_bytes) { return (slot_bytes + 15) & ~15; }
-template <typename T, int K, int GROUPS, int DEPTH> struct RunPipe {
-  T* base;
-  int C;
-  C1S_FN int slot_elems() const { return K * C + 128 / (int)sizeof(T); }
-  C1S_FN T* at(int stage, int g, int src) const { return base + ((stage * GROUPS + g) * 2 + src) * slot_elems(); }
-  C1S_FN T* dx_at(int buf, int g) const { return base + ((DEPTH * GROUPS * 2) + buf * GROUPS + g) * slot_elems(); }
-  // Where a run starting at byte address `a` begins in its slot: its offset in its 128-byte line, in elements.
-  static C1S_FN int head(unsigned long long a) { return (int)(a & 127) / (int)sizeof(T); }
-  static C1S_FN unsigned long long addr(const T* p, long long offset) {
-    return reinterpret_cast<unsigned long long>(p) + (unsigned long long)(offset * (long long)sizeof(T));
-  }
-  // The run of K rows at byte address `a` (16-byte aligned) into at(stage, g, src) + head(a), by
-  // every thread of the CTA (blockDim.x a multiple of 32: each warp's pieces stay 4 whole lines).
-  C1S_FN void copy(int stage, int g, int src, unsigned long long a) const {
-    const char* line = reinterpret_cast<const char*>(a & ~127ull);
-    const int first = (int)(a & 127), end = first + K * C * (int)sizeof(T);
-    char* dst = reinterpret_cast<char*>(at(stage, g, src));
-    for (int b = (int)threadIdx.x * 16; b < end; b += (int)blockDim.x * 16)
-      if (b >= first) async_copy<16>(dst + b, line + b);
-  }
-  // Elements [lo, hi) of the dx run whose row 0 is at byte address `a`, from dx_at(buf, g) +
-  // head(a), by every thread of the CTA, the same way.
-  C1S_FN void store(int buf, int g, unsigned long long a, int lo, int hi) const {
-    char* line = reinterpret_cast<char*>(a & ~127ull);
-    const int at0 = (int)(a & 127), first = at0 + lo * (int)sizeof(T), end = at0 + hi * (int)sizeof(T);
-    const char* src = reinterpret_cast<const char*>(dx_at(buf, g));
-    for (int b = (int)threadIdx.x * 16; b < end; b += (int)blockDim.x * 16)
-      if (b >= first) *reinterpret_cast<Vec<unsigned int, 4>*>(line + b) = *reinterpret_cast<const Vec<unsigned int, 4>*>(src + b);
-  }
-  // This thread's vector of row `row` of a turn that is not one run (head 0).
-  template <int VEC> C1S_FN void copy_mine(int stage, int g, int src, int row, int c0, const T* from) const {
-    async_copy<VEC * (int)sizeof(T)>(at(stage, g, src) + row * C + c0, from);
-  }
-};
-
 // dweight[c, k] / dbias[c] from the root of the tree; fp32 main_grad accumulation adds once.
 template <typename TG, typename A, int K, bool HAS_BIAS>
 C1S_FN void write_root(TG* __restrict__ dw, TG* __restrict__ db, int accumulate, int k, int c, A v) {

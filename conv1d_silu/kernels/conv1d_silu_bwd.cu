@@ -20,19 +20,12 @@
 // dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
 // is ever summed atomically.
 //
-// Whole rows (ROW_WALK > 0): a tiled unit whose tile is the whole row, with LANES / ROW_WALK lane
-// groups of threads, each thread walking ROW_WALK consecutive lanes (one run of rows) in sequence,
-// so the CTA's threads fit in 256 at any C up to 512 (8-byte vectors, ROW_WALK = 4).
-//
-// x and dy arrive DEPTH-1 ring turns ahead of the math, either through a per-thread cp.async
-// pipeline (common.cuh, RowPipe) or, for whole rows, in runs of K consecutive rows copied by the
-// whole CTA (common.cuh, RunPipe): per-thread columns of a row of 2C bytes touch ~1.35x the
-// 128-byte lines a row-contiguous copy touches where 2C is not a multiple of 128 (docs/performance.md
-// v24). The slots of the fold come first in dynamic shared memory, the pipeline after.
+// x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
+// ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int SPL, int DEPTH, bool FLAT, int ROW_WALK>
+          bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
     const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
@@ -49,28 +42,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
   constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
   static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
-  constexpr bool ROWS = ROW_WALK > 0;
-  constexpr int WALK = ROWS ? ROW_WALK : 1;  // lanes one thread walks, one after the other
-  constexpr int GROUPS = LANES / WALK;       // lanes walked at once
-  static_assert(LANES % WALK == 0 && !(ROWS && FLAT), "whole rows: lane groups of a tiled unit");
-  static_assert(!ROWS || (DEPTH >= 2 && SPL == 1), "whole rows: one-slab lanes; the wait comes before the barrier");
   constexpr long long LANE_ROWS = (long long)SPL * SLAB;
-  constexpr long long THREAD_ROWS = WALK * LANE_ROWS;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
-  constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold pass
-  // The fold's slots, one per lane; whole rows: lane group 0 adds its slabs into slot 0 as it ends
-  // them (the canonical fold adds lanes 0, 1, 2, ... in this order anyway), every later lane has
-  // its own slot.
-  constexpr int SLOTS = ROWS ? 1 + LANES - WALK : LANES;
-  // Whole rows: dx too leaves in runs of whole lines (staged in shared memory, stored by the CTA a
-  // turn later), where its rows are 16-byte aligned.
-  constexpr bool DX_RUNS = ROWS;
+  constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
-  A* slot = reinterpret_cast<A*>(smem_raw);  // [SLOTS][NB][tile_v * VEC], then the row pipeline
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
   const RowPipe<T, VEC, K, 2, DEPTH> pipe{reinterpret_cast<T*>(slot + LANES * NB * tile_v * VEC)};
-  const RunPipe<T, K, GROUPS, DEPTH> runs{
-      reinterpret_cast<T*>(smem_raw + run_pipe_offset(SLOTS * NB * tile_v * VEC * (int)sizeof(A))), C};
   // The fold's plans (one per tiled unit; one per column of a flat unit, tile_v <= 32): the node
   // and first channel, then per level the children to fold (0: none) and the workspace index of
   // the first child and of the parent
@@ -108,13 +86,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       col_node[vl] = node;                 // read after the barrier before the fold
       col_c[vl] = c0;
     }
-    // Whole rows: `lane` is the thread's lane group, walking lanes lane * WALK ... (the threads past
-    // GROUPS groups, up to a whole warp, only copy rows in).
-    const long long r0 = (node * LANES + lane * WALK) * LANE_ROWS;
-    const long long r_end = min_<long long>(S, r0 + THREAD_ROWS);  // own rows: [r0, r_end)
-    // + k * tile_c + e; whole rows: lane lane * WALK + w at + (w * NB + k) * tile_c + e (group 0: all at 0)
-    A* my_slot = slot + ((ROWS && lane > 0 ? 1 + (lane - 1) * WALK : ROWS ? 0 : lane) * NB * tile_c) + vl * VEC;
-    const bool math = !ROWS || (lane < GROUPS && r0 < S);           // (always, when not whole rows)
+    const long long r0 = (node * LANES + lane) * LANE_ROWS;
+    const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
+    A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
 
     A acc[NB][VEC];
 #pragma unroll
@@ -122,13 +96,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[k][e] = A(0);
 
-    if (ROWS || (c0 < C && r0 < S)) {
+    if (c0 < C && r0 < S) {
       A wv[K][VEC], bv[VEC];
-      if (math) load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
+      load_weights<A, TW, K, VEC, HAS_BIAS>(w, bias, c0, wv, bv);
 
       // Turn q (steps j = qK .. qK+K-1) of x and dy goes to pipeline stage q % DEPTH, DEPTH-1
       // turns ahead of the math. Row t: x / dy inside S, next_x / next_dy for trailing rows.
-      constexpr int N_STEPS = (int)THREAD_ROWS + K - 1;  // own rows and the K-1 tail tokens
+      constexpr int N_STEPS = (int)LANE_ROWS + K - 1;  // own rows and the K-1 tail tokens
       constexpr int N_TURNS = (N_STEPS + K - 1) / K;
       // Turns whose K rows all lie inside S (all but the last one or two) copy from running row
       // pointers.
@@ -164,52 +138,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         }
         async_commit();
       };
-      // Whole rows: turn q of lane group g is one run of K rows of x and one of dy, copied by the
-      // whole CTA where the rows lie inside S, unpadded and 16-byte aligned; any other turn (the
-      // last, rows past S, trailing rows) comes in per thread, into the same place.
-      const long long node_r0 = node * LANES * LANE_ROWS;
-      const bool runs_ok = ROWS && x_rs == C && dy_rs == C && C * (int)sizeof(T) % 16 == 0 &&
-                           ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)) & 15) == 0;
-      const bool dx_runs = DX_RUNS && C * (int)sizeof(T) % 16 == 0 && (reinterpret_cast<unsigned long long>(dx) & 15) == 0;
-      auto run_start = [&](int g, int q) { return node_r0 + g * THREAD_ROWS + q * K; };
-      // Turn q's dx rows (window rows 0 .. K-1 of its steps: rows run_start - (K-1) ... run_start,
-      // the group's own ones) of every lane group, from shared memory, by the whole CTA.
-      auto store_dx = [&](int q) {
-        for (int g = 0; g < GROUPS; ++g) {
-          const long long row0 = run_start(g, q) - (K - 1), g0 = run_start(g, 0);
-          const long long lo = max_<long long>(row0, g0), hi = min_<long long>(min_<long long>(S, g0 + THREAD_ROWS), row0 + K);
-          if (lo < hi) runs.store(q & 1, g, runs.addr(dx, row0 * C), (int)(lo - row0) * C, (int)(hi - row0) * C);
-        }
-      };
-      auto is_run = [&](int g, int q) { return runs_ok && q * K + K <= N_STEPS && run_start(g, q) + K <= S; };
-      auto prefetch_rows = [&](int q) {
-        const int st = q % DEPTH;
-        if (q < N_TURNS) {
-          for (int run = 0; run < 2 * GROUPS; ++run)
-            if (is_run(run >> 1, q)) runs.copy(st, run >> 1, run & 1, runs.addr(run & 1 ? dy : x, run_start(run >> 1, q) * C));
-          if (math && !is_run(lane, q)) {
 #pragma unroll
-            for (int i = 0; i < K; ++i) {
-              const int j = q * K + i;
-              const long long t = r0 + j;
-              if (j < N_STEPS && t < S + n_next) {
-                const bool trail = t >= S;
-                runs.template copy_mine<VEC>(st, lane, 0, i, c0, trail ? next_x + (I)(t - S) * (I)C + c0 : x + (I)t * (I)x_rs + c0);
-                runs.template copy_mine<VEC>(st, lane, 1, i, c0, trail ? next_dy + (I)(t - S) * (I)C + c0 : dy + (I)t * (I)dy_rs + c0);
-              }
-            }
-          }
-        }
-        async_commit();
-      };
-#pragma unroll
-      for (int q = 0; q < DEPTH - 1; ++q) {
-        if constexpr (ROWS) prefetch_rows(q);
-        else prefetch(q);
-      }
+      for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);
 
       Docs<MODE> docs;
-      const int pos0 = math ? docs.begin(da, r0, K - 1) : 0;
+      const int pos0 = docs.begin(da, r0, K - 1);
       // Rings over the last K tokens (see window_before): xr = xx, gr = g, dr = document ordinal
       // (-2: before r0, -1: past the sequence), and for the initial-state gradient: fr = a
       // document starts there, sr = its state row.
@@ -224,7 +157,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 #pragma unroll
         for (int e = 0; e < VEC; ++e) gr[m][e] = A(0);
       }
-      if (math) window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
+      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);
       int ordinal = 0;
 
       // Token t = r0 + j at ring phase P: extend the rings, accumulate the slab partial if t is
@@ -235,13 +168,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // the same document): their g completes dx, nothing else.
       const int own_steps = (int)(r_end - r0);  // steps j < own_steps are own rows inside S
       int stage = 0;
-      const T* rx = nullptr;  // whole rows: this thread's vector of the stage's first x / dy row
-      const T* rdy = nullptr;
-      T* sdx = nullptr;  // whole rows, dx in runs: this thread's vector of the turn's first dx row
-      auto row_in = [&](int row, int src) -> const T* {
-        if constexpr (ROWS) return (src ? rdy : rx) + row * C;
-        else return pipe.at(stage, row, src);
-      };
       T* pdx = dx + (I)r0 * (I)C + c0;  // dx row r0 + ju, stored in order
       auto step = [&](auto phase, auto full, auto inner, int j) {
         constexpr int P = decltype(phase)::value;
@@ -254,8 +180,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         bool start = false;
         if (FULL || t < S + n_next) {
           A xv[VEC], dv[VEC];
-          load_vec(row_in(P, 0), 0, xv);
-          load_vec(row_in(P, 1), 0, dv);
+          load_vec(pipe.at(stage, P, 0), 0, xv);
+          load_vec(pipe.at(stage, P, 1), 0, dv);
           if (j == 0) {
             start = pos0 == 0;
           } else if ((FULL || t < S) && docs.next(da, t)) {
@@ -312,12 +238,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
                 v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
             dxv[e] = v;
           }
-          if (ROWS && dx_runs) {
-            store_vec(sdx, P * C, dxv);
-          } else {
-            store_vec(pdx, 0, dxv);
-            pdx += C;
-          }
+          store_vec(pdx, 0, dxv);
+          pdx += C;
         }
         if (HAS_INIT) {
           // A document starting at window row m >= 1 completes its initial-state row K-1-m.
@@ -338,17 +260,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
             }
           }
         }
-        if ((SPL > 1 || ROWS) && j < THREAD_ROWS && j % SLAB == SLAB - 1) {
-          // end of slab j / SLAB: fold it into the lane's level-1 node (SPL = 8), in index order;
-          // whole rows: write it as its lane's value, or add it to slot 0 (lane group 0). Slabs
-          // past S give their +0 like any other.
-          A* lane_slot = my_slot + (ROWS && lane > 0 ? j / SLAB * NB * tile_c : 0);
-          const bool first = ROWS ? lane > 0 || j < SLAB : j % LANE_ROWS < SLAB;
+        if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
+          // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
+          // past S fold their +0 like any other)
 #pragma unroll
           for (int k = 0; k < NB; ++k)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              lane_slot[k * tile_c + e] = first ? acc[k][e] : lane_slot[k * tile_c + e] + acc[k][e];
+              my_slot[k * tile_c + e] = j < SLAB ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
               acc[k][e] = A(0);
             }
         }
@@ -362,30 +281,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       const int hot_end = SPL == 1 ? 0 : min_(own_steps / K, whole_turns - (DEPTH - 1));
       for (int q = 0; q < N_TURNS; ++q) {
         const int j0 = q * K;
-        if constexpr (ROWS) {
-          async_wait<DEPTH - 2>();  // this thread's copies of turn q have landed,
-          __syncthreads();          // and every thread's; and turn q - 1's stage is free again
-          prefetch_rows(q + DEPTH - 1);
-          if (dx_runs && q > 0) store_dx(q - 1);  // written before the barrier; its slot is rewritten after the next
-          if (!math) continue;
-          stage = q % DEPTH;
-          const long long t0 = run_start(lane, q);
-          const bool run = is_run(lane, q);
-          rx = runs.at(stage, lane, 0) + (run ? runs.head(runs.addr(x, t0 * C)) : 0) + c0;
-          rdy = runs.at(stage, lane, 1) + (run ? runs.head(runs.addr(dy, t0 * C)) : 0) + c0;
-          sdx = runs.dx_at(q & 1, lane) + runs.head(runs.addr(dx, (t0 - (K - 1)) * C)) + c0;
-          if (j0 + K <= own_steps) {
-            if (q >= 1)
-              static_for<0, K>([&](auto p) { step(p, Bool<true>{}, Bool<true>{}, j0 + decltype(p)::value); });
-            else
-              static_for<0, K>([&](auto p) { step(p, Bool<true>{}, Bool<false>{}, j0 + decltype(p)::value); });
-          } else {
-            static_for<0, K>([&](auto p) {
-              if (j0 + decltype(p)::value < N_STEPS) step(p, Bool<false>{}, Bool<false>{}, j0 + decltype(p)::value);
-            });
-          }
-          continue;
-        }
         if (q >= 1 && q < hot_end) {
           prefetch_whole(stage);  // turn q + DEPTH - 1 into the stage that turn q - 1 has read
           async_wait<DEPTH - 1>();
@@ -404,24 +299,15 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           });
         }
       }
-      if constexpr (ROWS) {
-        if (dx_runs) {
-          __syncthreads();  // the last turn's dx rows are in their slot
-          store_dx(N_TURNS - 1);
-        }
-      }
     }
 
     // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
-    // slot, all 8 slabs folded); a lane without rows contributes +0 (whole rows: every lane of a
-    // group without rows; the others are written at their slab ends).
-    if (ROWS ? lane > 0 && lane < GROUPS && r0 >= S : c0 < C && (SPL == 1 || r0 >= S)) {
+    // slot, all 8 slabs folded); a lane without rows contributes +0.
+    if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
-      for (int w = 0; w < WALK; ++w)
+      for (int k = 0; k < NB; ++k)
 #pragma unroll
-        for (int k = 0; k < NB; ++k)
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) my_slot[(w * NB + k) * tile_c + e] = acc[k][e];
+        for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
     }
     __syncthreads();
 
@@ -444,7 +330,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       if (c >= C) continue;
       A v = slot[k * tile_c + cl];
 #pragma unroll
-      for (int l = 1; l < SLOTS; ++l) v += slot[(l * NB + k) * tile_c + cl];
+      for (int l = 1; l < LANES; ++l) v += slot[(l * NB + k) * tile_c + cl];
       if (CTA_LEVEL == root_level) {
         write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
       } else {
@@ -481,39 +367,35 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       // orders the acquires before every thread's reads of the children; any parent to fold?
       if (!__syncthreads_or(fold)) break;
       const bool top = level + 1 == root_level;
-      // Every child of every value this thread folds in a pass is loaded before the first add: one
-      // L2 round trip per pass instead of one per value (the fold holds a CTA slot; under full DRAM
-      // load a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.
-      // One pass where the CTA has LANES threads per tile vector; whole rows take GROUPS / LANES
-      // as many threads, so WALK passes.
-      for (int i0 = 0; i0 < n_vals; i0 += FOLD_VALUES * (int)blockDim.x) {
-        A ch[FOLD_VALUES][FAN];
+      // Every child of every value this thread folds is loaded before the first add: one L2 round
+      // trip per level instead of one per value (the fold holds a CTA slot; under full DRAM load
+      // a round trip is ~1-2 µs). Missing children load as +0, as the canonical tree defines.
+      A ch[FOLD_VALUES][FAN];
 #pragma unroll
-        for (int r = 0; r < FOLD_VALUES; ++r) {
-          const int i = i0 + threadIdx.x + r * blockDim.x;
-          const int k = i / tile_c, cl = i - k * tile_c;
-          int p, off;
-          plan_of(cl, p, off);
-          const int n = i < n_vals && col_c[p] + off < C ? col_n[p] : 0;
-          const long long at = (n ? col_src[p] : 0) + (long long)k * C + off;
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, cl = i - k * tile_c;
+        int p, off;
+        plan_of(cl, p, off);
+        const int n = i < n_vals && col_c[p] + off < C ? col_n[p] : 0;
+        const long long at = (n ? col_src[p] : 0) + (long long)k * C + off;
 #pragma unroll
-          for (int j = 0; j < FAN; ++j) ch[r][j] = j < n ? __ldcg(&ws[at + (long long)j * NB * C]) : A(0);
-        }
+        for (int j = 0; j < FAN; ++j) ch[r][j] = j < n ? __ldcg(&ws[at + (long long)j * NB * C]) : A(0);
+      }
 #pragma unroll
-        for (int r = 0; r < FOLD_VALUES; ++r) {
-          const int i = i0 + threadIdx.x + r * blockDim.x;
-          const int k = i / tile_c, cl = i - k * tile_c;
-          int p, off;
-          plan_of(cl, p, off);
-          if (i >= n_vals || col_n[p] == 0 || col_c[p] + off >= C) continue;
-          A v = ch[r][0];
+      for (int r = 0; r < FOLD_VALUES; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        const int k = i / tile_c, cl = i - k * tile_c;
+        int p, off;
+        plan_of(cl, p, off);
+        if (i >= n_vals || col_n[p] == 0 || col_c[p] + off >= C) continue;
+        A v = ch[r][0];
 #pragma unroll
-          for (int j = 1; j < FAN; ++j) v += ch[r][j];
-          if (top) {
-            write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, col_c[p] + off, v);
-          } else {
-            ws[col_dst[p] + (long long)k * C + off] = v;
-          }
+        for (int j = 1; j < FAN; ++j) v += ch[r][j];
+        if (top) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, col_c[p] + off, v);
+        } else {
+          ws[col_dst[p] + (long long)k * C + off] = v;
         }
       }
       ws_off += n_level * NB * C;
