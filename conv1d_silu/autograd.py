@@ -14,34 +14,49 @@ Two equivalent paths share ``ops.forward_impl`` / ``ops.backward_impl``:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from . import ops
+from . import config, ops
+from .documents import DocTable
+
+
+class _Call(NamedTuple):
+    """The plain-Python arguments of one eager call, passed to the Function as one value: every
+    argument of ``Function.apply`` costs host time on the way in and a ``None`` gradient out."""
+
+    doc: DocTable
+    return_final_states: bool
+    silu: bool
+    grad_dtype: torch.dtype
+    program: str  # resolved once for forward and backward: a name, or "" for the route table
 
 
 class CausalConv1dSiLUFunction(torch.autograd.Function):
-    """Eager autograd of the op. Inputs after the tensors are plain Python values."""
+    """Eager autograd of the op: tensors, then one :class:`_Call`."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, initial_states, weight_main_grad, bias_main_grad, doc, return_final_states, silu, grad_dtype, program):
-        y, final = ops.forward_impl(x, weight, bias, doc, initial_states, return_final_states, silu, program)
+    def forward(ctx, x, weight, bias, initial_states, weight_main_grad, bias_main_grad, call: _Call):
+        y, final = ops.forward_impl(
+            x, weight, bias, call.doc, initial_states, call.return_final_states, call.silu, call.program
+        )
         ctx.save_for_backward(x, weight, bias, initial_states)
-        ctx.doc, ctx.silu, ctx.grad_dtype, ctx.program = doc, silu, grad_dtype, program
-        ctx.main_grads = (weight_main_grad, bias_main_grad)
-        ctx.return_final_states = return_final_states
-        return (y, final) if return_final_states else y
+        ctx.call, ctx.main_grads = call, (weight_main_grad, bias_main_grad)
+        return (y, final) if call.return_final_states else y
 
     @staticmethod
     def backward(ctx, dy, dfinal=None):
         x, weight, bias, initial_states = ctx.saved_tensors
+        call = ctx.call
         wmg, bmg = ctx.main_grads
         dx, dw, db, dinit = ops.backward_impl(
-            dy, x, weight, bias, ctx.doc, initial_states, dfinal if ctx.return_final_states else None,
-            ctx.silu, ctx.grad_dtype, ctx.program, wmg, bmg,
+            dy, x, weight, bias, call.doc, initial_states, dfinal if call.return_final_states else None,
+            call.silu, call.grad_dtype, call.program, wmg, bmg,
         )
         if wmg is not None:  # the weight gradients went into the main_grad buffers
             dw = db = None
-        return dx, dw, db, dinit, None, None, None, None, None, None, None
+        return dx, dw, db, dinit, None, None, None
 
 
 def _setup_context(ctx, inputs, output):
@@ -77,11 +92,10 @@ def apply(x, weight, bias, doc, seq_idx, cu_seqlens, initial_states, weight_main
         fp32_grads = grad_dtype == torch.float32
         y, final = torch.ops.conv1d_silu.fwd(
             x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
-            return_final_states, silu, fp32_grads, program,
+            return_final_states, silu, fp32_grads, program or None,
         )
         return (y, final) if return_final_states else y
-    return CausalConv1dSiLUFunction.apply(
-        x, weight, bias, initial_states, weight_main_grad, bias_main_grad, doc, return_final_states, silu,
-        grad_dtype, program,
-    )
+    # CONV1D_SILU_PROGRAM is read once per call here, not once per direction
+    call = _Call(doc, return_final_states, silu, grad_dtype, program or config.forced_program() or ops.ROUTED)
+    return CausalConv1dSiLUFunction.apply(x, weight, bias, initial_states, weight_main_grad, bias_main_grad, call)
 

@@ -223,6 +223,7 @@ def forward(
 
 
 _scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type, index, stream) -> buffer
+_views: dict[tuple, torch.Tensor] = {}  # the same key -> the last view of that buffer handed out
 SCRATCH_KEEP_BYTES = 16 << 20  # larger workspaces are allocated per call, not kept
 GRAPH_TICKETS = 1 << 18  # tickets zeroed ahead for captured launches, per device (1 MB)
 
@@ -267,38 +268,54 @@ class _TicketReserve:
 _reserves: dict[int, _TicketReserve] = {}  # device index -> tickets for captured launches
 
 
-def stream_scratch(what: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``n`` elements of a buffer kept per (device, stream) between backward launches.
+def backward_scratch(
+    ws_elems: int, ws_dtype: torch.dtype, n_tickets: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The backward's workspace (``ws_elems`` of ``ws_dtype``) and tickets (``n_tickets`` int32
+    zeros), from buffers kept per (device, stream) between launches; None where none is needed.
 
-    ``what`` is ``"tickets"`` (int32 zeros: the kernel's last arriver at each tree node resets its
-    ticket, so every launch leaves them at zero, and no memset launch is needed) or
-    ``"workspace"`` (every node is written before it is read, so no contents are needed).
-    Launches on one stream never overlap, so they can share a buffer. While a CUDA graph is
-    captured, the workspace is allocated for this call (a graph may replay on any stream) and the
-    tickets come from a reserve zeroed ahead (:class:`_TicketReserve`); past SCRATCH_KEEP_BYTES
-    the buffer is allocated for the call too.
+    The workspace needs no contents (every node is written before it is read); the tickets are
+    zero, and each launch leaves them at zero (the kernel's last arriver at each tree node resets
+    its ticket), so no memset launch is needed. Launches on one stream never overlap, so they can
+    share the buffers. While a CUDA graph is captured, the workspace is allocated for this call (a
+    graph may replay on any stream) and the tickets come from a reserve zeroed ahead
+    (:class:`_TicketReserve`); past SCRATCH_KEEP_BYTES a buffer is allocated for the call too.
+    The stream is looked up once for both (a few µs of a slow host's time per lookup).
     """
-    fresh = torch.zeros if what == "tickets" else torch.empty
-    if device.type == "cuda":
-        index = _index(device)
-        reserve = None
-        if what == "tickets":
-            reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
-        if torch.cuda.is_current_stream_capturing():
-            kept = reserve.take(n) if reserve is not None else None
-            return kept if kept is not None else fresh(n, dtype=dtype, device=device)
-        if reserve is not None:
-            reserve.top_up(n, device)
-        key = (what, dtype, "cuda", index, current_stream_ptr(index))
+    if device.type != "cuda":
+        where = (device.type, 0, 0)
     else:
-        key = (what, dtype, device.type, 0, 0)
+        index = _index(device)
+        reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
+        if torch.cuda.is_current_stream_capturing():
+            tickets = reserve.take(n_tickets) if n_tickets else None
+            if n_tickets and tickets is None:
+                tickets = torch.zeros(n_tickets, dtype=torch.int32, device=device)
+            workspace = torch.empty(ws_elems, dtype=ws_dtype, device=device) if ws_elems else None
+            return workspace, tickets
+        if n_tickets:
+            reserve.top_up(n_tickets, device)
+        where = ("cuda", index, current_stream_ptr(index))
+    workspace = _kept("workspace", ws_elems, ws_dtype, device, where) if ws_elems else None
+    tickets = _kept("tickets", n_tickets, torch.int32, device, where) if n_tickets else None
+    return workspace, tickets
+
+
+def _kept(what: str, n: int, dtype: torch.dtype, device: torch.device, where: tuple) -> torch.Tensor:
+    """``n`` elements of the buffer kept for ``what`` on one (device, stream), grown as needed;
+    the last view handed out is kept too, since a slice costs a dispatcher round trip."""
+    key = (what, dtype, *where)
     buf = _scratch.get(key)
     if buf is None or buf.numel() < n:
         size = max(n, 2 * (0 if buf is None else buf.numel()), 1024)
+        fresh = torch.zeros if what == "tickets" else torch.empty
         if size * dtype.itemsize > SCRATCH_KEEP_BYTES:
             return fresh(n, dtype=dtype, device=device)
         buf = _scratch[key] = fresh(size, dtype=dtype, device=device)
-    return buf[:n]
+    view = _views.get(key)
+    if view is None or view.numel() != n or view.data_ptr() != buf.data_ptr():
+        view = _views[key] = buf[:n]
+    return view
 
 
 @functools.lru_cache(maxsize=8192)
@@ -381,8 +398,7 @@ def backward(
         has_bias, doc.mode, init is not None, silu, program, n_docs,
     )
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    workspace = stream_scratch("workspace", plan.ws_elems, acc_dtype, x.device) if plan.ws_elems else None
-    tickets = stream_scratch("tickets", plan.n_tickets, torch.int32, x.device) if plan.n_tickets else None
+    workspace, tickets = backward_scratch(plan.ws_elems, acc_dtype, plan.n_tickets, x.device)
     launch = Launch(
         source="conv1d_silu_bwd",
         kernel=plan.kernel,

@@ -56,6 +56,9 @@ def _cuda_arch(index: int) -> str:
     return routes.arch_of(torch.cuda.get_device_capability(index))
 
 
+ROUTED = ""  # a program argument that means: the route table, CONV1D_SILU_PROGRAM already read
+
+
 def choose(
     direction: str,
     x: Tensor,
@@ -65,9 +68,10 @@ def choose(
     fp32_grads: bool,
     program: str | None,
 ) -> routes.Program:
-    """The program for this call: forced by argument or ``CONV1D_SILU_PROGRAM``, else routed."""
+    """The program for this call: forced by argument or ``CONV1D_SILU_PROGRAM``, else routed.
+    ``program`` None reads the environment; :data:`ROUTED` (or a name) does not."""
     kernels = x.is_cuda or _emulated_arch is not None
-    forced = routes.forced(program or config.forced_program(), direction, kernels)
+    forced = routes.forced(config.forced_program() if program is None else program or None, direction, kernels)
     if forced is not None:
         return forced
     if not kernels:

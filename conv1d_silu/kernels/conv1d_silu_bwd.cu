@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           unsigned int* tk = &tickets[tk_off + parent * n_tk + (FLAT ? c / VEC : ct)];
           if (ticket_add(tk) + 1 == (unsigned int)children) {
             // Every child has arrived, and nobody else touches this ticket in this launch: left
-            // at zero for the next launch on the stream (gpu.stream_scratch).
+            // at zero for the next launch on the stream (gpu.backward_scratch).
             *tk = 0;
             fold = children;
             col_src[g] = ws_off + parent * FAN * NB * C + c;        // child j, row k: + (j NB + k) C
