@@ -129,6 +129,30 @@ def test_forcing_by_argument_and_environment(monkeypatch):
     assert config.forced_program() == "rowgroup_long"
 
 
+def test_eager_call_resolves_the_program_environment_once(monkeypatch):
+    """An eager call reads CONV1D_SILU_PROGRAM once, in the forward: its backward runs under the
+    same resolution even when the environment changed in between."""
+    import torch
+
+    from conv1d_silu import ops
+    from conv1d_silu.api import causal_conv1d_silu
+
+    seen = []
+    real = ops.choose
+    monkeypatch.setattr(ops, "choose", lambda d, *a: seen.append((d, a[-1])) or real(d, *a))
+    x = torch.randn(40, 8, requires_grad=True)
+    w = torch.randn(8, 4, requires_grad=True)
+    for env, want in (("reference", "reference"), (None, ops.ROUTED)):
+        seen.clear()
+        if env:
+            monkeypatch.setenv("CONV1D_SILU_PROGRAM", env)
+        y = causal_conv1d_silu(x, w)
+        monkeypatch.setenv("CONV1D_SILU_PROGRAM", "bogus")  # read now, this would raise
+        y.sum().backward()
+        monkeypatch.delenv("CONV1D_SILU_PROGRAM")
+        assert seen == [("fwd", want), ("bwd", want)]
+
+
 def test_tile_vectors_balance():
     assert routes.tile_vectors(33, 32) == 17
     assert routes.tile_vectors(64, 32) == 32
