@@ -244,29 +244,41 @@ def copy_bandwidth(device: torch.device, timer: Timer) -> float:
     return 2 * n / (us * 1e-6)
 
 
-def tiny_steps(device: torch.device) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(ours, theirs): one eager fwd+bwd of ours at 64 x 64, and PyTorch's (x * 2).sum().backward()."""
+PEERS = ("dao_cc1d", "fla_triton")  # the peers' entries of _impls, timed for host overhead too
+
+
+def tiny_steps(device: torch.device, peers: dict[str, Callable] | None = None) -> dict[str, Callable[[], None]]:
+    """One eager fwd+bwd at 64 x 64 per implementation: PyTorch's ``(x * 2).sum().backward()``
+    (``torch_x2_sum_backward``), ours (``conv1d_silu_fwd_bwd``) and each peer (``fn(x, w, b) -> y``;
+    ``NAME_fwd_bwd``)."""
     x = torch.randn(64, 64, device=device, requires_grad=True)
     w = torch.randn(64, 4, device=device, requires_grad=True)
     b = torch.randn(64, device=device, requires_grad=True)
+    steps = {
+        "torch_x2_sum_backward": lambda: (x * 2).sum().backward(),
+        "conv1d_silu_fwd_bwd": lambda: causal_conv1d_silu(x, w, b).sum().backward(),
+    }
+    for name, fn in (peers or {}).items():
+        steps[f"{name}_fwd_bwd"] = lambda fn=fn: fn(x, w, b).sum().backward()
+    return steps
 
-    def ours():
-        causal_conv1d_silu(x, w, b).sum().backward()
 
-    def theirs():
-        (x * 2).sum().backward()
-
-    return ours, theirs
-
-
-def host_overhead_us(device: torch.device, iters: int = 300, rounds: int = 6) -> dict[str, float]:
-    """CPU time per call of the two tiny steps (the GPU is idle at that size): the median over
-    rounds that alternate the two, so a slow or shared CPU's drift hits both sides alike."""
-    ours, theirs = tiny_steps(device)
-    steps = {"torch_x2_sum_backward": theirs, "conv1d_silu_fwd_bwd": ours}
-    for fn in steps.values():
-        for _ in range(20):
-            fn()
+def host_overhead_us(
+    device: torch.device, iters: int = 300, rounds: int = 6, peers: dict[str, Callable] | None = None
+) -> dict[str, float]:
+    """CPU time per call of the tiny steps (the GPU is idle at that size): the median over rounds
+    that alternate them, so a slow or shared CPU's drift hits every side alike. ``ratio`` is ours
+    against PyTorch's line; a peer that fails at this size is left out, with a note on stderr."""
+    steps = tiny_steps(device, peers)
+    for name, fn in list(steps.items()):
+        try:
+            for _ in range(20):
+                fn()
+        except Exception as err:
+            if name in ("torch_x2_sum_backward", "conv1d_silu_fwd_bwd"):
+                raise
+            sys.stderr.write(f"host overhead: {name} skipped ({err!r})\n")
+            del steps[name]
     per_round = max(1, iters // rounds)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
@@ -373,7 +385,9 @@ def run(args) -> dict:
         )
     return {
         "meta": meta(device, args, bw),
-        "host_overhead_us": host_overhead_us(device) if not args.no_host else None,
+        "host_overhead_us": (
+            None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
+        ),
         # the reps' spread instead of the reps themselves
         "rows": [{**{k: v for k, v in asdict(r).items() if k != "times_us"},
                   "min_us": min(r.times_us), "max_us": max(r.times_us)} for r in rows],
@@ -433,8 +447,9 @@ def markdown(result: dict) -> str:
             )
     if result.get("host_overhead_us"):
         h = result["host_overhead_us"]
+        peers = "".join(f", {p} {h[p + '_fwd_bwd']:.0f}" for p in PEERS if p + "_fwd_bwd" in h)
         lines += ["", f"Host overhead (CPU µs per eager fwd+bwd, 64x64): ours {h['conv1d_silu_fwd_bwd']:.0f}, "
-                      f"torch (x*2).sum().backward() {h['torch_x2_sum_backward']:.0f}, ratio {h['ratio']:.2f}"]
+                      f"torch (x*2).sum().backward() {h['torch_x2_sum_backward']:.0f}, ratio {h['ratio']:.2f}{peers}"]
     return "\n".join(lines)
 
 

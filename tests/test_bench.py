@@ -96,3 +96,23 @@ def test_determinism_check_runs_on_fresh_leaves(bias):
         return causal_conv1d_silu(x, w, b) * (1 + len(calls) * 1e-3)
 
     assert not bench._bitwise_repeatable(drifting, x, w, b, torch.randn(300, 16))
+
+
+def test_host_overhead_reports_importable_peers_beside_ours(capsys):
+    """The host line times each peer's tiny eager step beside ours and PyTorch's; a peer that
+    fails at that size is left out with a note, not a crash."""
+
+    def broken(x, w, b):
+        raise RuntimeError("no kernel for this size")
+
+    h = bench.host_overhead_us(
+        torch.device("cpu"), iters=4, rounds=2, peers={"fla_triton": bench.torch_reference, "dao_cc1d": broken}
+    )
+    assert {"torch_x2_sum_backward", "conv1d_silu_fwd_bwd", "fla_triton_fwd_bwd"} <= set(h)
+    assert "dao_cc1d_fwd_bwd" not in h and "dao_cc1d" in capsys.readouterr().err
+    assert all(v > 0 for v in h.values())
+    assert h["ratio"] == h["conv1d_silu_fwd_bwd"] / h["torch_x2_sum_backward"]
+    meta = {"gpu": "cpu", "torch": torch.__version__, "commit": "", "dtype": "fp32", "K": 4,
+            "copy_bandwidth_TBps": 1.0, "graph": False}
+    line = bench.markdown({"meta": meta, "rows": [], "speedups": [], "host_overhead_us": h}).splitlines()[-1]
+    assert "fla_triton" in line and "dao_cc1d" not in line
