@@ -119,6 +119,12 @@ def dense(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
+def fresh_like(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of ``t``'s shape, dtype and device: ``empty_like`` parses no shape,
+    dtype or device, half the host time of ``torch.empty(t.shape, dtype=..., device=...)``."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The launch geometry of one call, a pure function of shapes, dtypes, flags and program."""
@@ -187,7 +193,7 @@ def forward(
     """y (contiguous, x's shape) and final_states ((N, K-1, C) or None)."""
     C, K = weight.shape
     S = doc.S
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = fresh_like(x)
     final = None
     if return_final_states:
         final = (
@@ -375,7 +381,7 @@ def backward(
     S = doc.S
     has_bias = bias is not None
     accumulate = weight_grad_out is not None
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = fresh_like(x)
     if accumulate:
         dw, db = weight_grad_out, bias_grad_out
     else:
