@@ -116,3 +116,22 @@ def test_host_overhead_reports_importable_peers_beside_ours(capsys):
             "copy_bandwidth_TBps": 1.0, "graph": False}
     line = bench.markdown({"meta": meta, "rows": [], "speedups": [], "host_overhead_us": h}).splitlines()[-1]
     assert "fla_triton" in line and "dao_cc1d" not in line
+
+
+@pytest.mark.timeout(300)
+def test_host_ab_script_compares_the_tree_with_a_revision():
+    """scripts/host_ab.py exports a revision's package beside the tree (op namespace renamed, so
+    both register in one process) and times both with PyTorch's line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "host_ab.py"), "--rev", "HEAD", "--rounds", "1", "--calls", "2", "--noop"],
+        capture_output=True, text=True, timeout=280,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ours at HEAD" in out.stdout and "working tree / HEAD" in out.stdout
