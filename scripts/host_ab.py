@@ -63,11 +63,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         export_base(args.rev, Path(tmp))
         sys.path.insert(0, tmp)
-        import conv1d_silu
         import conv1d_silu_base
-        from conv1d_silu import gpu, ops
         from conv1d_silu_base import gpu as base_gpu
         from conv1d_silu_base import ops as base_ops
+
+        import conv1d_silu
+        from conv1d_silu import gpu, ops
 
         cuda = torch.cuda.is_available() and not args.noop
         dev = torch.device("cuda" if cuda else "cpu")
