@@ -40,6 +40,9 @@ def export_base(rev: str, into: Path) -> None:
 
 
 def no_launch(gpu):
+    """A launcher of ``gpu`` (a conv1d_silu package's gpu module) that plans and packs but returns
+    where the driver would be entered: the whole host path but the launch, on any machine."""
+
     class NoLaunch(gpu.Launcher):
         def sm_count(self, device) -> int:
             return 132

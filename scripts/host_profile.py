@@ -17,26 +17,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from host_ab import no_launch  # noqa: E402
+
 from conv1d_silu import gpu, ops  # noqa: E402
 from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 
 
-class NoLaunch(gpu.Launcher):
-    """Plans and packs nothing further: the call returns where the driver would be entered."""
-
-    def sm_count(self, device) -> int:
-        return 132
-
-    def max_active_blocks(self, launch, device) -> int:
-        return 2
-
-    def __call__(self, launch, device) -> None:
-        pass
-
-
 def main() -> None:
     if "--noop" in sys.argv or not torch.cuda.is_available():
-        with ops.use_launcher(NoLaunch(), emulate_arch="sm_90"):
+        with ops.use_launcher(no_launch(gpu), emulate_arch="sm_90"):
             profile(torch.device("cpu"))
     else:
         profile(torch.device("cuda"))
