@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -70,40 +68,25 @@ def main() -> None:
         from conv1d_silu_base import gpu as base_gpu
         from conv1d_silu_base import ops as base_ops
 
-        import conv1d_silu
         from conv1d_silu import gpu, ops
+        from conv1d_silu.bench import host_overhead_us
 
         cuda = torch.cuda.is_available() and not args.noop
-        dev = torch.device("cuda" if cuda else "cpu")
-        x = torch.randn(64, 64, device=dev, requires_grad=True)
-        w = torch.randn(64, 4, device=dev, requires_grad=True)
-        b = torch.randn(64, device=dev, requires_grad=True)
-        steps = {
-            "torch (x * 2).sum().backward()": lambda: (x * 2).sum().backward(),
-            f"ours at {args.rev}": lambda: conv1d_silu_base.causal_conv1d_silu(x, w, b).sum().backward(),
-            "ours, working tree": lambda: conv1d_silu.causal_conv1d_silu(x, w, b).sum().backward(),
-        }
         with contextlib.ExitStack() as stack:
             if not cuda:
                 stack.enter_context(base_ops.use_launcher(no_launch(base_gpu), emulate_arch="sm_90"))
                 stack.enter_context(ops.use_launcher(no_launch(gpu), emulate_arch="sm_90"))
-            times = {name: [] for name in steps}
-            for fn in steps.values():
-                for _ in range(100):
-                    fn()
-            for _ in range(args.rounds):
-                for name, fn in steps.items():
-                    if cuda:
-                        torch.cuda.synchronize()
-                    t0 = time.process_time()
-                    for _ in range(args.calls):
-                        fn()
-                    times[name].append((time.process_time() - t0) / args.calls * 1e6)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    theirs, base, new = med.values()
+            # the revision's op is one more "peer" of the bench's host line: same steps, same rounds
+            med = host_overhead_us(
+                torch.device("cuda" if cuda else "cpu"), iters=args.rounds * args.calls, rounds=args.rounds,
+                peers={"base": conv1d_silu_base.causal_conv1d_silu},
+            )
+    if "base_fwd_bwd" not in med:
+        sys.exit(f"the op at {args.rev} failed (above)")
+    theirs, new, base = med["torch_x2_sum_backward"], med["conv1d_silu_fwd_bwd"], med["base_fwd_bwd"]
     print(f"{'cuda' if cuda else 'no-op launcher, cpu'}: CPU µs per call, median of {args.rounds} rounds")
-    for name, t in times.items():
-        print(f"  {name:32s} {med[name]:7.1f}  (min {min(t):.1f})")
+    for name, t in (("torch (x * 2).sum().backward()", theirs), (f"ours at {args.rev}", base), ("ours, working tree", new)):
+        print(f"  {name:32s} {t:7.1f}")
     print(f"  working tree / {args.rev}: {new / base:.3f}; against PyTorch's line {base / theirs:.2f}x -> {new / theirs:.2f}x")
 
 
