@@ -28,6 +28,13 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow first. On the GPU the suite is compile-bound and pytest-xdist hands its first
+    items to the workers one by one, so the long tests overlap the rest instead of trailing it (where a
+    time limit cuts them off)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
