@@ -28,11 +28,17 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def slow_seconds(item: pytest.Item) -> float:
+    """The GPU duration a test's ``slow(seconds)`` mark estimates (0: not marked)."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.args[0] if mark.args else 1)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow first. On the GPU the suite is compile-bound and pytest-xdist hands its first
-    items to the workers one by one, so the long tests overlap the rest instead of trailing it (where a
-    time limit cuts them off)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Longest marked tests first. On the GPU the suite is compile-bound and pytest-xdist hands its
+    first items to the workers one by one, so the long tests overlap the rest instead of trailing it
+    (where a time limit cuts them off)."""
+    items.sort(key=lambda item: -slow_seconds(item))
 
 
 @pytest.fixture(autouse=True)

@@ -135,7 +135,7 @@ CANONICAL = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)  # seconds on the GPU
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", range(len(CANONICAL)))
 def test_dweight_and_dbias_are_the_canonical_reduction(kernel_backend, shape, dtype):

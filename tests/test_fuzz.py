@@ -19,7 +19,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 SHARDS = 1 if settings.default.derandomize else 6
 
 
-@pytest.mark.slow
+@pytest.mark.slow(150)  # seconds on the GPU (the long profile compiles a kernel per example)
 @pytest.mark.parametrize("shard", range(SHARDS))
 @settings(max_examples=max(1, settings.default.max_examples // SHARDS))
 @given(

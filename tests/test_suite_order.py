@@ -1,16 +1,18 @@
-"""The suite's own scheduling (tests/conftest.py): tests marked slow are collected first, so that
-pytest-xdist starts them first on the GPU, where a time limit would otherwise cut them off."""
+"""The suite's own scheduling (tests/conftest.py): tests marked slow are collected first, longest first,
+so that pytest-xdist starts them first on the GPU, where a time limit would otherwise cut them off."""
 
 from __future__ import annotations
 
 import pytest
 
 
-def test_slow_tests_are_collected_first(request: pytest.FixtureRequest) -> None:
-    slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
-    if not any(slow):
+def test_slow_tests_are_collected_longest_first(request: pytest.FixtureRequest) -> None:
+    from conftest import slow_seconds
+
+    seconds = [slow_seconds(item) for item in request.session.items]
+    if not any(seconds):
         pytest.skip("no test marked slow was collected")
-    assert slow == sorted(slow, reverse=True)
+    assert seconds == sorted(seconds, reverse=True)
 
 
 def test_tests_not_run_names_what_a_cut_off_run_missed(tmp_path, capsys) -> None:
