@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import types
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -208,3 +212,16 @@ def naive_grads(case: dict, dy: torch.Tensor, dfinal: torch.Tensor | None, silu:
     db = grads[2] if b is not None else None
     dinit = grads[-1] if init is not None else None
     return y.reshape(case["x"].shape).detach(), None if final is None else final.detach(), dx, dw, db, dinit
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_module(relative: str) -> types.ModuleType:
+    """A file of the repository that is not in a package (``scripts/x.py``, ``examples/y.py``) as a
+    module."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,9 +26,7 @@ def test_tiny_mamba_block_loss_goes_down():
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_hf_mamba2_swap_matches(monkeypatch):
-    spec = importlib.util.spec_from_file_location("hf_mamba2", ROOT / "examples" / "hf_mamba2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module("examples/hf_mamba2.py")
     monkeypatch.setattr(sys, "argv", ["hf_mamba2.py"])
     result = module.main()
     assert abs(result["loss_ours"] - result["loss_ref"]) < 1e-5

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 import torch
+from helpers import load_module
 
 from conv1d_silu import kernels
 from conv1d_silu.documents import BATCH, CU_SEQLENS, SEQ_IDX, SINGLE
@@ -138,13 +139,7 @@ def test_hot_kernels_fit_their_register_budget_without_spills(source, expr, max_
 
 def _script(name: str):
     """scripts/<name>.py as a module (the probes are scripts, not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(f"scripts/{name}.py")
 
 
 def test_ab_experiment_patches_still_apply():
@@ -216,6 +211,7 @@ def test_ab_experiment_footprint_probe_walks_adjacent_slabs(monkeypatch):
     emulator, with the math gone (dx[u] = dy[u+K-1] + x[u+K-1]), every dx row is the plain pattern's but
     the K-1 rows before each slab end, whose window now spans the jump to the lane's next slab."""
     import emulator
+
     from conv1d_silu import gpu, ops, runtime
     from conv1d_silu.tune import _setup
 

@@ -4,11 +4,11 @@ so that pytest-xdist starts them first on the GPU, where a time limit would othe
 from __future__ import annotations
 
 import pytest
+from conftest import slow_seconds
+from helpers import load_module
 
 
 def test_slow_tests_are_collected_longest_first(request: pytest.FixtureRequest) -> None:
-    from conftest import slow_seconds
-
     seconds = [slow_seconds(item) for item in request.session.items]
     if not any(seconds):
         pytest.skip("no test marked slow was collected")
@@ -16,13 +16,7 @@ def test_slow_tests_are_collected_longest_first(request: pytest.FixtureRequest) 
 
 
 def test_tests_not_run_names_what_a_cut_off_run_missed(tmp_path, capsys) -> None:
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "tests_not_run.py"
-    spec = importlib.util.spec_from_file_location("tests_not_run", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("scripts/tests_not_run.py")
     report = tmp_path / "r.xml"
     report.write_text('<testsuites><testsuite>'
                       '<testcase classname="tests.test_a" name="test_x[cuda-1]"/>'
