@@ -155,16 +155,38 @@ def program_tile(program: Program, C: int, vec: int, itemsize: int) -> int:
     return tile_vectors(C // vec, program.max_tile_vectors, max(1, program.tile_align_bytes // (vec * itemsize)))
 
 
+def flat_forward_units(S: int, rows: int, vectors: int) -> int:
+    """CTAs of a flat forward: every (lane, vector) pair once, FLAT_FWD_BLOCK pairs per CTA."""
+    items = math.ceil(S / rows) * vectors
+    return math.ceil(items / min(FLAT_FWD_BLOCK, items))
+
+
+def wave_filling_rows(S: int, vectors: int, rows: int, max_rows: int, slots: int) -> int:
+    """Lane height of a flat forward whose grid of ``rows``-token lanes spills a little past one wave
+    of ``slots`` resident CTAs: the smallest height up to ``max_rows`` whose grid fits in one wave,
+    else ``rows``. A sliver of a second wave costs most of a wave's latency at short sequences; past
+    two waves the tail is a small part of the time (docs/performance.md v27). Every output is
+    computed the same way at any height, so the bits do not change."""
+    if not slots < flat_forward_units(S, rows, vectors) <= 2 * slots:
+        return rows
+    return next((h for h in range(rows + 1, max_rows + 1) if flat_forward_units(S, h, vectors) <= slots), rows)
+
+
 @functools.lru_cache(maxsize=8192)
 def forward_plan(
     dtype: torch.dtype, wdtype: torch.dtype, K: int, C: int, S: int, row_stride: int, align: int,
     has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, program: Program, n_docs: int,
+    slots: int = 0,
 ) -> Plan:
+    """The forward's geometry; ``slots`` (CTAs resident on the whole GPU, 0: unknown) lets a program
+    with ``max_fill_rows`` grow its lanes so the grid fits in one wave (:func:`wave_filling_rows`)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (row_stride,), bwd=False, max_bytes=program.vec_bytes)
     tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = math.ceil(C // vec / tile_v)
     rows = program.rows_per_lane
+    if program.flat and program.max_fill_rows and slots:
+        rows = wave_filling_rows(S, tile_v, rows, program.max_fill_rows, slots)
     max_off = _max_offset(S, C, [row_stride], n_docs, K)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -205,10 +227,14 @@ def forward(
         return y, final
     init = dense(initial_states)
     n_docs = doc.num_docs or 0
-    plan = forward_plan(
+    key = (
         x.dtype, weight.dtype, K, C, S, row_stride, alignment(x, init, final), bias is not None, doc.mode,
         init is not None, final is not None, silu, program, n_docs,
     )
+    plan = forward_plan(*key)
+    if program.max_fill_rows and plan.n_units > (sms := launcher.sm_count(x.device)):
+        probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, ())
+        plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
     launch = Launch(
         source="conv1d_silu_fwd",
         kernel=plan.kernel,

@@ -32,6 +32,7 @@ class Program:
     cuda: bool = True  # False: the PyTorch reference (any device)
     max_tile_vectors: int = 32  # channel vectors per tile (flat backward: columns); threads = LANES * tile vectors
     rows_per_lane: int = 32  # forward: tokens one thread walks
+    max_fill_rows: int = 0  # flat forward: lanes may grow to this many tokens so the grid fits one wave
     slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
@@ -66,9 +67,10 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "fwd_flat16_8b",
             "fwd",
-            "forward, 8-byte accesses, 16 tokens per thread, 256 threads laid flat over whole rows: no idle "
-            "thread at any C",
+            "forward, 8-byte accesses, 16 tokens per thread (up to 24 where that saves a second wave), 256 "
+            "threads laid flat over whole rows: no idle thread at any C",
             rows_per_lane=16,
+            max_fill_rows=24,
             vec_bytes=8,
             flat=True,
         ),

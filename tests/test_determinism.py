@@ -178,6 +178,47 @@ def test_flat_forward_rows_wider_than_a_cta(kernel_backend, mode):
     torch.testing.assert_close(ys[0].cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("mode", ["single", "cu_seqlens"])
+def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend, mode, monkeypatch):
+    """fwd_flat16_8b whose 16-token lanes need one CTA more than a wave (2 resident CTAs per SM
+    here): the lanes grow to 17 tokens, the grid fits one wave, and y and the final states keep the
+    bits of 16-token lanes."""
+    import dataclasses
+
+    from conv1d_silu import gpu, ops
+
+    class TwoPerSM(gpu.Launcher):
+        def __init__(self, inner: gpu.Launcher):
+            self.inner, self.grids = inner, []
+
+        def sm_count(self, device):
+            return self.inner.sm_count(device)
+
+        def max_active_blocks(self, launch, device):
+            return 2
+
+        def __call__(self, launch, device):
+            self.grids.append(launch.grid[0])
+            self.inner(launch, device)
+
+    fixed = dataclasses.replace(routes.PROGRAMS["fwd_flat16_8b"], name="fwd_flat16_8b_fixed", max_fill_rows=0)
+    monkeypatch.setitem(routes.PROGRAMS, fixed.name, fixed)
+    launcher = TwoPerSM(ops._launcher)
+    slots = 2 * launcher.sm_count(torch.device(kernel_backend.device))
+    S = 16 * (16 * slots + 1)  # C = 64 bf16: 16 vectors a lane, 16 lanes a CTA: slots + 1 CTAs
+    case = make_case(S=S, C=64, K=4, mode=mode, init=mode != "single", dtype=torch.bfloat16,
+                     device=kernel_backend.device)
+    kw = api_kwargs(case)
+    if mode != "single":
+        kw["return_final_states"] = True
+    with ops.use_launcher(launcher, emulate_arch=ops._emulated_arch):
+        out = {p: causal_conv1d_silu(case["x"], case["weight"], case["bias"], program=p, **kw)
+               for p in (fixed.name, "fwd_flat16_8b")}
+    assert launcher.grids == [slots + 1, gpu.flat_forward_units(S, 17, 16)] and launcher.grids[1] <= slots
+    for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in out.values())):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("program", ["rowgroup", "rowgroup_flat_8b", "rowgroup_long_flat32_8b"])
 def test_trailing_rows_finish_dx_like_one_call(kernel_backend, program):
     """Context parallelism's trailing rows (the next rank's first K-1 tokens): the first S1 rows' dx

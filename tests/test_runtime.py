@@ -94,6 +94,25 @@ def test_flat_forward_plan_covers_whole_rows_with_every_thread():
     assert (c.block, c.n_units) == (98, 1)  # one lane: no CTA larger than the work
 
 
+def test_flat_forward_lanes_grow_only_to_save_a_second_wave():
+    """With 528 resident CTAs (132 SMs x 4, the bf16 flat forward on sm_90) at 32768 tokens: C = 264
+    fills exactly one wave of 16-token lanes; 272 and 296 spill a sliver and take the shortest lanes
+    that fit one wave (17, 18 tokens); 408 would need more than 24; past two waves nothing changes."""
+    flat = routes.PROGRAMS["fwd_flat16_8b"]
+    units = {C: gpu.flat_forward_units(32768, 16, C // 4) for C in (264, 272, 296, 408)}
+    assert units == {264: 528, 272: 544, 296: 592, 408: 816}
+    rows = {C: gpu.wave_filling_rows(32768, C // 4, 16, flat.max_fill_rows, 528) for C in units}
+    assert rows == {264: 16, 272: 17, 296: 18, 408: 16}
+    assert gpu.flat_forward_units(32768, 17, 74) > 528 >= gpu.flat_forward_units(32768, 18, 74)
+    assert gpu.wave_filling_rows(65536, 72, 16, 24, 528) == 16  # 1152 CTAs: more than two waves
+    args = (torch.bfloat16, torch.bfloat16, 4, 296, 32768, 296, 16, False, 0, False, False, True, flat, 1)
+    plain, filled = gpu.forward_plan(*args), gpu.forward_plan(*args, 528)
+    assert (plain.n_units, filled.n_units, filled.block, filled.tile_v) == (592, 527, 256, 74)
+    assert plain.kernel.replace(", 16,", ", 18,") == filled.kernel
+    tiled = routes.PROGRAMS["fwd_rows16_8b"]  # no max_fill_rows: the plan ignores the residency
+    assert gpu.forward_plan(*args[:-2], tiled, 1, 528) == gpu.forward_plan(*args[:-2], tiled, 1)
+
+
 def test_flat_backward_plan_has_a_column_per_node_and_vector():
     p = routes.PROGRAMS["rowgroup_flat_8b"]
     a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 32768, 264, 264, 16, True, 0, False, True, p, 1)
