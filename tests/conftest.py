@@ -34,11 +34,22 @@ def slow_seconds(item: pytest.Item) -> float:
     return 0.0 if mark is None else float(mark.args[0] if mark.args else 1)
 
 
+def spread_slow(items: list, seconds) -> list:
+    """``items`` with those of ``seconds(item) > 0`` first, longest first, each followed by one of
+    the others (in their order), then the rest of the others."""
+    slow = sorted((i for i in items if seconds(i)), key=lambda i: -seconds(i))
+    fast = [i for i in items if not seconds(i)]
+    paired = [i for k, s in enumerate(slow) for i in (s, *fast[k : k + 1])]
+    return paired + fast[len(slow) :]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Longest marked tests first. On the GPU the suite is compile-bound and pytest-xdist hands its
-    first items to the workers one by one, so the long tests overlap the rest instead of trailing it
-    (where a time limit cuts them off)."""
-    items.sort(key=lambda item: -slow_seconds(item))
+    """Long tests first and apart. On the GPU the suite is compile-bound and a time limit cuts off
+    whatever trails it. pytest-xdist (``--dist load``) deals its first tests out in consecutive
+    chunks, two per worker with ``--maxschedchunk 1`` (scripts/gpu-check), and later ones one or two
+    at a time: with slow and unmarked tests alternating, every worker starts on its own long test
+    (sorted together, they all landed on the first worker, one after the other)."""
+    items[:] = spread_slow(items, slow_seconds)
 
 
 @pytest.fixture(autouse=True)
