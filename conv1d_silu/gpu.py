@@ -233,6 +233,7 @@ def forward(
     )
     plan = forward_plan(*key)
     if program.max_fill_rows and plan.n_units > (sms := launcher.sm_count(x.device)):
+        # the base height's residency stands for the taller lanes' (the same registers, v27)
         probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, ())
         plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
     launch = Launch(
