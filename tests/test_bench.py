@@ -118,6 +118,26 @@ def test_host_overhead_reports_importable_peers_beside_ours(capsys):
     assert "fla_triton" in line and "dao_cc1d" not in line
 
 
+def test_markdown_counts_the_rows_within_the_issue_bounds():
+    """Item 2's bounds per row: 1.3x copy / add below 65536 tokens, 1.10x from there, and from
+    250000 tokens also 85 % of the copy bandwidth; combined calls and other impls are not judged."""
+
+    def row(S, call, ratio, pct=90.0, impl="conv1d_silu"):
+        return {"S": S, "C": 264, "call": call, "impl": impl, "median_us": 1.0, "same_run_ratio": ratio,
+                "pct_copy_bw": pct, "deterministic": None}
+
+    rows = [row(32768, "fwd", 1.29), row(32768, "bwd", 1.31), row(65536, "fwd", 1.10), row(65536, "bwd", 1.11),
+            row(250340, "fwd", 1.05, pct=84.9), row(1048576, "bwd", 1.07), row(32768, "fwdbwd", 1.0),
+            row(32768, "fwd", 9.0, impl="eager")]
+    assert [bench.meets_target(r) for r in rows[:7]] == [True, False, True, False, False, True, None]
+    meta = {"gpu": "cpu", "torch": torch.__version__, "commit": "", "dtype": "bf16", "K": 4,
+            "copy_bandwidth_TBps": 1.0, "graph": True}
+    text = bench.markdown({"meta": meta, "rows": rows, "speedups": []})
+    assert "met in 3 of 6 forward and backward rows" in text
+    assert "| 32768 | 264 | bwd | 1.0 | 1.31x | 90 | no |  |" in text.splitlines()
+    assert "eager" not in text
+
+
 @pytest.mark.timeout(300)
 def test_host_ab_script_compares_the_tree_with_a_revision():
     """scripts/host_ab.py exports a revision's package beside the tree (op namespace renamed, so
