@@ -5,12 +5,9 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import load_module
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, load_module
 
 
 def test_tiny_mamba_block_loss_goes_down():
