@@ -178,11 +178,12 @@ def test_flat_forward_rows_wider_than_a_cta(kernel_backend, mode):
     torch.testing.assert_close(ys[0].cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("rows", [17, 25])
 @pytest.mark.parametrize("mode", ["single", "cu_seqlens"])
-def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend, mode, monkeypatch):
-    """fwd_flat16_8b whose 16-token lanes need one CTA more than a wave (2 resident CTAs per SM
-    here): the lanes grow to 17 tokens, the grid fits one wave, and y and the final states keep the
-    bits of 16-token lanes."""
+def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend, mode, rows, monkeypatch):
+    """fwd_flat16_8b whose 16-token lanes need more CTAs than a wave (2 resident CTAs per SM here):
+    one more (the lanes grow to 17 tokens) or 56 % more (to 25), the grid fits one wave, and y and
+    the final states keep the bits of 16-token lanes."""
     import dataclasses
 
     from conv1d_silu import gpu, ops
@@ -205,7 +206,8 @@ def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend,
     monkeypatch.setitem(routes.PROGRAMS, fixed.name, fixed)
     launcher = TwoPerSM(ops._launcher)
     slots = 2 * launcher.sm_count(torch.device(kernel_backend.device))
-    S = 16 * (16 * slots + 1)  # C = 64 bf16: 16 vectors a lane, 16 lanes a CTA: slots + 1 CTAs
+    # C = 64 bf16: 16 vectors a lane, 16 lanes a CTA; 16-token lanes take slots + 1 / 1.5625 x slots CTAs
+    S = 16 * (16 * slots + 1) if rows == 17 else 400 * slots
     case = make_case(S=S, C=64, K=4, mode=mode, init=mode != "single", dtype=torch.bfloat16,
                      device=kernel_backend.device)
     kw = api_kwargs(case)
@@ -214,7 +216,8 @@ def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend,
     with ops.use_launcher(launcher, emulate_arch=ops._emulated_arch):
         out = {p: causal_conv1d_silu(case["x"], case["weight"], case["bias"], program=p, **kw)
                for p in (fixed.name, "fwd_flat16_8b")}
-    assert launcher.grids == [slots + 1, gpu.flat_forward_units(S, 17, 16)] and launcher.grids[1] <= slots
+    assert launcher.grids == [gpu.flat_forward_units(S, 16, 16), gpu.flat_forward_units(S, rows, 16)]
+    assert launcher.grids[0] > slots >= launcher.grids[1] and gpu.flat_forward_units(S, rows - 1, 16) > slots
     for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in out.values())):
         assert torch.equal(a, b)
 

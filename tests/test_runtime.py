@@ -96,13 +96,14 @@ def test_flat_forward_plan_covers_whole_rows_with_every_thread():
 
 def test_flat_forward_lanes_grow_only_to_save_a_second_wave():
     """With 528 resident CTAs (132 SMs x 4, the bf16 flat forward on sm_90) at 32768 tokens: C = 264
-    fills exactly one wave of 16-token lanes; 272 and 296 spill a sliver and take the shortest lanes
-    that fit one wave (17, 18 tokens); 408 would need more than 24; past two waves nothing changes."""
+    fills exactly one wave of 16-token lanes; 272, 296 and 408 spill part of a second wave and take
+    the shortest lanes that fit one wave (17, 18, 25 tokens); 432 would need more than 26; past two
+    waves nothing changes."""
     flat = routes.PROGRAMS["fwd_flat16_8b"]
-    units = {C: gpu.flat_forward_units(32768, 16, C // 4) for C in (264, 272, 296, 408)}
-    assert units == {264: 528, 272: 544, 296: 592, 408: 816}
+    units = {C: gpu.flat_forward_units(32768, 16, C // 4) for C in (264, 272, 296, 408, 432)}
+    assert units == {264: 528, 272: 544, 296: 592, 408: 816, 432: 864}
     rows = {C: gpu.wave_filling_rows(32768, C // 4, 16, flat.max_fill_rows, 528) for C in units}
-    assert rows == {264: 16, 272: 17, 296: 18, 408: 16}
+    assert rows == {264: 16, 272: 17, 296: 18, 408: 25, 432: 16}
     assert gpu.flat_forward_units(32768, 17, 74) > 528 >= gpu.flat_forward_units(32768, 18, 74)
     assert gpu.wave_filling_rows(65536, 72, 16, 24, 528) == 16  # 1152 CTAs: more than two waves
     args = (torch.bfloat16, torch.bfloat16, 4, 296, 32768, 296, 16, False, 0, False, False, True, flat, 1)
