@@ -206,7 +206,8 @@ def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend,
     monkeypatch.setitem(routes.PROGRAMS, fixed.name, fixed)
     launcher = TwoPerSM(ops._launcher)
     slots = 2 * launcher.sm_count(torch.device(kernel_backend.device))
-    # C = 64 bf16: 16 vectors a lane, 16 lanes a CTA; 16-token lanes take slots + 1 / 1.5625 x slots CTAs
+    # C = 64 bf16: 16 vectors a lane, 16 lanes a CTA; 16-token lanes take slots + 1 CTAs (for 17) or
+    # 1.5625 x slots (for 25)
     S = 16 * (16 * slots + 1) if rows == 17 else 400 * slots
     case = make_case(S=S, C=64, K=4, mode=mode, init=mode != "single", dtype=torch.bfloat16,
                      device=kernel_backend.device)
