@@ -161,10 +161,9 @@ template <int BYTES> C1S_FN void async_copy(void* dst, const void* src) {
     *reinterpret_cast<Vec<unsigned char, BYTES>*>(dst) = *reinterpret_cast<const Vec<unsigned char, BYTES>*>(src);
   } else {
     const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16)  // .cg: stream through L2 only, the rows are read once
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-    else
-      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES) : "memory");
+    // .ca at every width: 16-byte .cg (L2 only) copies ran the 16-byte programs 1.1-1.3x slower
+    // (docs/performance.md v30)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES) : "memory");
   }
 }
 C1S_FN void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
