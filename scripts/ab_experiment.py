@@ -124,10 +124,6 @@ FOOTPRINT = [
      "          store_vec(pdx, 0, dxv);\n          pdx += C;\n"
      "          if (ju % SLAB == SLAB - 1) pdx += (LANES - 1) * SLAB * C;\n"),
 ]
-# 16-byte row copies through the L1 (.ca) instead of L2 only (.cg): v13's probe found 16-byte .cg rings
-# 1.4-1.6x slower than 8-byte .ca ones where 16-byte plain loads were not. Same bits.
-_CG16 = 'asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n"'
-CA16 = [(src, _CG16, _CG16.replace(".cg.", ".ca.")) for src in ("conv1d_silu_fwd", "conv1d_silu_bwd")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -145,7 +141,7 @@ VARIANTS = {
     "no_math_no_ticket_no_fold": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
-    "flat_one_ticket": FLAT_ONE_TICKET, "ca16": CA16, "dx_pad": DX_PAD, "node_pad": [],
+    "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
     "footprint": FOOTPRINT, "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
