@@ -74,7 +74,7 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
     for rep in range(2):
         for (S, C), case in cases.items():
             for program in ("rowgroup", "rowgroup_long_8b", "rowgroup_sm", "rowgroup_flat_8b", "rowgroup_long_flat_8b",
-                            "rowgroup_long_flat32_8b"):
+                            "rowgroup_long_flat32_8b", "rowgroup_long_flat32"):
                 got = _grads(case, program)[0]
                 if rep == 0:
                     first[S, C, program] = got
@@ -223,7 +223,7 @@ def test_flat_forward_lanes_grown_to_one_wave_give_the_same_bits(kernel_backend,
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("program", ["rowgroup", "rowgroup_flat_8b", "rowgroup_long_flat32_8b"])
+@pytest.mark.parametrize("program", ["rowgroup", "rowgroup_flat_8b", "rowgroup_long_flat32_8b", "rowgroup_long_flat32"])
 def test_trailing_rows_finish_dx_like_one_call(kernel_backend, program):
     """Context parallelism's trailing rows (the next rank's first K-1 tokens): the first S1 rows' dx
     with them equals that of one call over all rows, bit for bit."""
