@@ -1,5 +1,5 @@
 """Measured sm_90 route rows, written by ``python -m conv1d_silu.tune`` on NVIDIA H200
-(commits 224b0b58f4 (bwd, bwd_bias, bwd_bias_fp32g, bwd_dt, bwd_fp32g: 2026-12-04 19:02:12 to 2026-12-04 19:05:56); f3602f71e1 (fwd, fwd_bias, fwd_dt: 2026-12-05 16:05:55 to 2026-12-05 16:06:14)). Evidence: docs/routes-sm_90.md."""
+(commits 224b0b58f4 on NVIDIA H200 (bwd, bwd_bias, bwd_bias_fp32g, bwd_dt, bwd_fp32g at S = 32768, 65536, 131072, 196608, 262144, 1048576: 2026-12-04 19:02:12 to 2026-12-04 19:05:56); be56aecf72 on NVIDIA H200 (fwd, fwd_bias, fwd_dt at S = 131072, 196608, 262144, 1048576: 2026-12-04 15:29:51 to 2026-12-04 15:30:45); f3602f71e1 on NVIDIA H200 (fwd, fwd_bias, fwd_dt at S = 32768, 65536: 2026-12-05 16:05:55 to 2026-12-05 16:06:14)). Evidence: docs/routes-sm_90.md."""
 
 from __future__ import annotations
 

@@ -183,34 +183,71 @@ def merge(dumps: list[dict]) -> tuple[list[Measurement], dict]:
 
 
 def provenance(dumps: list[dict]) -> list[dict]:
-    """Where the merged times come from: one entry per run (commit, date) with the variants whose
-    times it supplies, the last dump holding a variant owning it (re-time a variant's whole grid in
-    one run); a dump that is itself a merge gives its own parts."""
-    owner: dict[str, tuple] = {}
+    """Where the merged times come from: one entry per run (commit, date, GPU) with the variants,
+    token counts and (when not all of them) programs it timed, in merge order. A run whose every
+    (variant, S, program) a later run re-timed is dropped; a dump that is itself a merge gives its
+    own parts."""
+    parts: list[dict] = []
     for d in dumps:
-        parts = d["meta"].get("parts") or [{"commit": d["meta"].get("commit"), "date": d["meta"].get("date")}]
-        for variant in sorted({m["variant"] for m in d["measurements"]}):
-            src = next((p for p in parts if variant in p.get("variants", (variant,))), parts[0])
-            owner[variant] = (src["commit"], src["date"])
-    runs: dict[tuple, list[str]] = {}
-    for variant, run in owner.items():
-        runs.setdefault(run, []).append(variant)
-    return [{"commit": c, "date": t, "variants": sorted(v)} for (c, t), v in runs.items()]
+        if d["meta"].get("parts"):  # older parts name neither GPU nor S: the merged dump's own
+            parts += [{"gpu": d["meta"].get("gpu"),
+                       "S": sorted({m["S"] for m in d["measurements"] if m["variant"] in p["variants"]}), **p}
+                      for p in d["meta"]["parts"]]
+        elif d["measurements"]:
+            ms = d["measurements"]
+            variants = sorted({m["variant"] for m in ms})
+            part = {"commit": d["meta"].get("commit"), "date": d["meta"].get("date"), "gpu": d["meta"].get("gpu"),
+                    "variants": variants, "S": sorted({m["S"] for m in ms})}
+            timed = {p for m in ms for p in m["times"]}
+            if timed != {p for v in variants for p in _programs(v)}:
+                part["programs"] = sorted(timed)
+            parts.append(part)
+
+    def cover(part: dict) -> set:
+        return {
+            (v, S, p) for v in part["variants"] for S in part["S"] for p in (part.get("programs") or _programs(v))
+        }
+
+    kept, later = [], set()
+    for part in reversed(parts):
+        mine = cover(part)
+        if not mine <= later:
+            kept.append(part)
+        later |= mine
+    runs: dict[tuple, dict] = {}  # one entry per run: a run's per-variant dumps share commit, date and grid
+    for part in reversed(kept):
+        key = tuple(str(part.get(k)) for k in ("commit", "date", "gpu", "S", "programs"))
+        if key in runs:
+            runs[key]["variants"] = sorted({*runs[key]["variants"], *part["variants"]})
+        else:
+            runs[key] = dict(part)
+    return list(runs.values())
 
 
 def _measured_at(meta: dict) -> str:
-    """'commit X, date' of one run, or each part's commit, variants and date."""
+    """'commit X, date' of one run, or each part's commit (GPU, token counts, programs where
+    given), variants and dates."""
     if not meta.get("parts"):
         return f"commit {meta['commit'][:10]}, {meta['date']}"
-    by_commit: dict[str, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for p in meta["parts"]:
-        by_commit.setdefault(p["commit"], []).append(p)
+        key = (p["commit"], p.get("gpu"), tuple(p.get("S", ())), tuple(p.get("programs", ())))
+        groups.setdefault(key, []).append(p)
     out = []
-    for commit, parts in by_commit.items():
+    for (commit, gpu, S, programs), parts in groups.items():
         dates = sorted(p["date"] for p in parts)
         when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-        out.append(f"{commit[:10]} ({', '.join(v for p in parts for v in p['variants'])}: {when})")
+        what = ", ".join(v for p in parts for v in p["variants"])
+        what += f" at S = {', '.join(map(str, S))}" if S else ""
+        what += f", programs {', '.join(programs)}" if programs else ""
+        out.append(f"{commit[:10]}{f' on {gpu}' if gpu else ''} ({what}: {when})")
     return "commits " + "; ".join(out)
+
+
+def _gpus(meta: dict) -> str:
+    """The GPU of a run, or every GPU its parts name."""
+    names = sorted({p["gpu"] for p in meta.get("parts", ()) if p.get("gpu")} | {meta["gpu"]})
+    return " and ".join(names)
 
 
 def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:
@@ -292,7 +329,7 @@ def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[rout
 def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> Path:
     path = ROOT / f"routes_{arch.replace('sm_', 'sm')}.py"
     lines = [
-        f'"""Measured {arch} route rows, written by ``python -m conv1d_silu.tune`` on {meta["gpu"]}',
+        f'"""Measured {arch} route rows, written by ``python -m conv1d_silu.tune`` on {_gpus(meta)}',
         f'({_measured_at(meta)}). Evidence: docs/routes-{arch}.md."""',
         "",
         "from __future__ import annotations",
@@ -323,7 +360,7 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
     out = [
         f"# Route evidence for {arch}",
         "",
-        f"Measured by `python -m conv1d_silu.tune` on {meta['gpu']}, torch {meta['torch']}, {_measured_at(meta)}: "
+        f"Measured by `python -m conv1d_silu.tune` on {_gpus(meta)}, torch {meta['torch']}, {_measured_at(meta)}: "
         f"bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
         "(allocation, ticket memset, kernels), timed with CUDA events. At every measured point the routed program is the "
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "

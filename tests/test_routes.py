@@ -307,14 +307,30 @@ def test_tuner_writes_the_merged_dump_of_its_parts(tmp_path, capsys):
     merged = json.loads(out.read_text())
     assert len(merged["measurements"]) == 8
     assert merged["meta"]["gpu"] == "H200"
-    assert merged["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd", "fwd"]}]  # one run
-    # a later part re-timing one variant takes it over, the merged dump keeps the others' parts
+    run = {"commit": "abc", "date": "d", "gpu": "H200", "S": [32768, 65536]}
+    # one run; the parts timed only these programs of their directions, so they name them
+    assert merged["meta"]["parts"] == [{**run, "variants": ["bwd"], "programs": ["rowgroup", "rowgroup_8b"]},
+                                       {**run, "variants": ["fwd"], "programs": ["fwd_rows", "fwd_rows16_8b"]}]
+    # a later part re-timing one variant's programs takes it over, the merged dump keeps the others' parts
     files.append(tmp_path / "tune-fwd-new.json")
     files[-1].write_text(json.dumps(part("fwd", ["fwd_rows", "fwd_rows16_8b"], "def")))
     tune.main(["--from-json", str(out), str(files[-1]), "--json", str(out), "--no-write"])
-    assert json.loads(out.read_text())["meta"]["parts"] == [{"commit": "abc", "date": "d", "variants": ["bwd"]},
-                                                            {"commit": "def", "date": "d", "variants": ["fwd"]}]
-    assert tune._measured_at(json.loads(out.read_text())["meta"]) == "commits abc (bwd: d); def (fwd: d)"
+    meta = json.loads(out.read_text())["meta"]
+    assert [(p["commit"], p["variants"]) for p in meta["parts"]] == [("abc", ["bwd"]), ("def", ["fwd"])]
+    assert tune._measured_at(meta) == ("commits abc on H200 (bwd at S = 32768, 65536, programs rowgroup, rowgroup_8b: d); "
+                                       "def on H200 (fwd at S = 32768, 65536, programs fwd_rows, fwd_rows16_8b: d)")
+    # a run on another GPU at other token counts adds a part and names both GPUs; the earlier part stays
+    other = part("bwd", ["rowgroup", "rowgroup_8b"], "ghi")
+    other["meta"]["gpu"] = "H100"
+    for m in other["measurements"]:
+        m["S"] //= 8
+    files.append(tmp_path / "tune-bwd-short.json")
+    files[-1].write_text(json.dumps(other))
+    tune.main(["--from-json", str(out), str(files[-1]), "--json", str(out), "--no-write"])
+    meta = json.loads(out.read_text())["meta"]
+    assert [(p["commit"], p["gpu"], p["S"]) for p in meta["parts"]] == [
+        ("abc", "H200", [32768, 65536]), ("def", "H200", [32768, 65536]), ("ghi", "H100", [4096, 8192])]
+    assert tune._gpus(meta) == "H100 and H200"
     capsys.readouterr()
 
 
