@@ -136,7 +136,7 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
             flat=True,
         ),
-        # 16-byte copies through the L1 (v30) made the 16-byte long programs 0-12 % faster than the
+        # 16-byte copies through the L1 (v30) made this program 1-12 % faster than the
         # 8-byte flat32 one at ragged C from 262144 tokens on the H100 (v31), at half the warps per SM.
         Program(
             "rowgroup_long_flat32",
