@@ -196,7 +196,7 @@ def _prepare_smem(fn, smem: int, device_index: int) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def max_active_blocks(source: str, kernel: str, block: int, smem: int, device_index: int) -> int:
-    """Resident CTAs per SM for this instantiation (for persistent grids)."""
+    """Resident CTAs per SM for this instantiation (persistent grids; the flat forward's wave fill)."""
     fn = function(source, kernel, device_index)
     _prepare_smem(fn, smem, device_index)
     return max(1, _driver().occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
