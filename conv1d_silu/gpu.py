@@ -141,6 +141,44 @@ class Plan:
     ws_elems: int = 0
     n_tickets: int = 0
     n_vec: int = 0  # backward: vectors per row when the CTAs lie flat over (node, vector) columns
+    fold: FoldPlan | None = None  # backward: the tree above the CTAs, folded by a second kernel
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """conv1d_silu_fold's launch: the canonical tree above the backward's CTAs (``n_nodes`` nodes,
+    ``levels`` folds up to the root)."""
+
+    kernel: str
+    grid: int
+    smem: int
+    n_nodes: int
+    levels: int
+
+
+FOLD_COLS, FOLD_ROWS = 32, 16  # conv1d_silu_fold's CTA: channels x parents at a time
+# The tree above the CTAs is folded by conv1d_silu_fold, launched programmatically after the
+# backward, when the CTAs' level has more than FAN nodes (with fewer, the tickets' climb is a single
+# fold and a second launch saves nothing) and at most FOLD_MAX_NODES (with more, each fold thread
+# walks many parents; at 1024 the two ways were even): 2-9 % off the backward at 32768-196608 tokens
+# on the H100, with no ticket and no fence in the backward (docs/performance.md v32).
+FOLD_MAX_NODES = 1024
+
+
+def split_fold(n_nodes: int) -> bool:
+    """Whether a backward whose CTAs write ``n_nodes`` tree nodes leaves the levels above them to
+    conv1d_silu_fold."""
+    return FAN < n_nodes <= FOLD_MAX_NODES
+
+
+def fold_plan(dtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, nb: int, n_nodes: int, levels: int) -> FoldPlan:
+    """One CTA per FOLD_COLS channels and reduced row; shared memory for the first level's parents and
+    the next level's."""
+    parents = math.ceil(n_nodes / FAN)
+    acc_bytes = 8 if dtype == torch.float64 else 4
+    smem = (parents + math.ceil(parents / FAN)) * FOLD_COLS * acc_bytes if levels > 1 else 0
+    kernel = kernels.name_expression("conv1d_silu_fold", dtype, gdtype, K, nb > K)
+    return FoldPlan(kernel, math.ceil(C / FOLD_COLS) * nb, smem, n_nodes, levels)
 
 
 FLAT_FWD_BLOCK = 256  # threads of a flat forward CTA
@@ -366,8 +404,11 @@ def backward_plan(
     tile_v = program_tile(program, C, vec, itemsize)
     n_ctiles = 1 if program.flat else math.ceil(C // vec / tile_v)
     n_units = math.ceil(nodes[cta_level] * n_vec / tile_v) if program.flat else nodes[cta_level] * n_ctiles
-    ws_elems = sum(nodes[level] for level in range(cta_level, root)) * nb * C
-    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
+    fold = None
+    if split_fold(nodes[cta_level]):
+        fold = fold_plan(dtype, gdtype, K, C, nb, nodes[cta_level], root - cta_level)
+    ws_elems = sum(nodes[level] for level in range(cta_level, cta_level + 1 if fold else root)) * nb * C
+    n_tickets = 0 if fold else sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -377,7 +418,7 @@ def backward_plan(
     block = LANES * tile_v
     slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
-    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec)
+    return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec, fold)
 
 
 def backward(
@@ -442,7 +483,7 @@ def backward(
             x, x_stride, dy, dy_stride, dense(weight), dense(bias),
             _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
             S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
-            0 if next_x is None else next_x.shape[0], plan.n_vec,
+            0 if next_x is None else next_x.shape[0], plan.n_vec, int(plan.fold is not None),
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
@@ -453,5 +494,12 @@ def backward(
         per_sm = launcher.max_active_blocks(launch, x.device)
         launch.grid = (min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
     launcher(launch, x.device)
+    if plan.fold is not None:
+        f = plan.fold
+        launcher(
+            Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem,
+                   (workspace, dw, db, int(accumulate), C, f.n_nodes, f.levels), programmatic=True),
+            x.device,
+        )
     return dx, dw, db, dinit
 

@@ -47,6 +47,9 @@ class Launch:
     one_d_grid: bool = True
     index_64: bool = False
     max_offset: int = 0  # largest element offset the kernel forms
+    # may start while the previous kernel in the stream still runs (programmatic dependent launch,
+    # sm_90+); the kernel waits for it in-kernel (griddepcontrol.wait) before reading its results
+    programmatic: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,58 @@ def pack_args(args: tuple, into) -> None:
         into[i] = a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a
 
 
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("value", ctypes.c_int32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint32),
+    ]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _ExConfig(threading.local):
+    """Per-thread ``cuLaunchKernelEx`` configuration with the programmatic-serialization attribute
+    (CuPy's driver binding has no ``cuLaunchKernelEx``, so it is called through ctypes)."""
+
+    def __init__(self):
+        self.attr = _LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
+        self.attr.value[0] = 1
+        self.config = _LaunchConfig(attrs=ctypes.pointer(self.attr), num_attrs=1)
+
+
+_ex = _ExConfig()
+
+
+@functools.lru_cache(maxsize=1)
+def _launch_kernel_ex():
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def programmatic_launches(index: int) -> bool:
+    """Whether the device takes programmatic dependent launches (compute capability 9.0+)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _launch_programmatic(handle: int, spec: Launch, stream: int, params: int) -> None:
+    cfg = _ex.config
+    cfg.grid[:] = spec.grid
+    cfg.block[:] = (spec.block, 1, 1)
+    cfg.smem = spec.smem
+    cfg.stream = stream
+    err = _launch_kernel_ex()(ctypes.byref(cfg), handle, params, None)
+    if err:
+        raise RuntimeError(f"conv1d_silu: cuLaunchKernelEx of {spec.kernel} failed with CUresult {err}")
+
+
 def launch(spec: Launch, device: torch.device) -> None:
     """Validate and launch on the current stream of ``device``.
 
@@ -241,13 +296,21 @@ def launch(spec: Launch, device: torch.device) -> None:
     p = _params
     pack_args(spec.args, p.slots)
     driver = _driver()
-    gx, gy, gz = spec.grid
-    args = (_handles[(spec.source, spec.kernel, index)], gx, gy, gz, spec.block, 1, 1, spec.smem)
+    handle = _handles[(spec.source, spec.kernel, index)]
     if driver.ctxGetCurrent() == _contexts[index]:
-        driver.launchKernel(*args, current_stream_ptr(index), p.pointers_addr, 0)
+        _submit(driver, handle, spec, index, p.pointers_addr)
     else:
         with _cupy().cuda.Device(index):
-            driver.launchKernel(*args, current_stream_ptr(index), p.pointers_addr, 0)
+            _submit(driver, handle, spec, index, p.pointers_addr)
+
+
+def _submit(driver, handle: int, spec: Launch, index: int, params: int) -> None:
+    stream = current_stream_ptr(index)
+    if spec.programmatic and programmatic_launches(index):
+        _launch_programmatic(handle, spec, stream, params)
+    else:
+        gx, gy, gz = spec.grid
+        driver.launchKernel(handle, gx, gy, gz, spec.block, 1, 1, spec.smem, stream, params, 0)
 
 
 def warmup(device: torch.device | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:

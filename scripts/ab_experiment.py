@@ -30,11 +30,11 @@ NO_CHAIN = ("      if (!__syncthreads_or(fold)) break;",
             "      if (!__syncthreads_or(fold) || level >= 0) break;  // timing only: nobody folds")
 # Timing only: every CTA writes its node and stops, no ticket and no fold above the CTA (what a
 # separate fold launch would leave in the main kernel).
-NO_TICKET = ("    for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {",
-             "    for (int level = CTA_LEVEL; level < root_level && level < 0; ++level, shift += 3) {")
+NO_TICKET = ("    for (int level = CTA_LEVEL; level < climb_to; ++level, shift += 3) {",
+             "    for (int level = CTA_LEVEL; level < climb_to && level < 0; ++level, shift += 3) {")
 # Timing only: the climb stops at level 2, so nothing above it is folded (the most a one-CTA fold of
 # every level above 2 could save).
-NO_TOP = (NO_TICKET[0], "    for (int level = CTA_LEVEL; level < root_level && level < 2; ++level, shift += 3) {")
+NO_TOP = (NO_TICKET[0], "    for (int level = CTA_LEVEL; level < climb_to && level < 2; ++level, shift += 3) {")
 # Occupancy: the backward uses 121 registers (ptxas -v, sm_90), so 128-thread CTAs fit 4 per SM and
 # 256-thread ones 2. lb128x5 caps it at 96 registers (108 bytes of spills) for 5 CTAs per SM, lb256x3 at
 # 80 (608 bytes). Each only for programs of at most that many threads (BWD="rowgroup_8b ..." for lb128x5):
@@ -142,11 +142,15 @@ VARIANTS = {
     "no_math_no_ticket_no_fold_no_before": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_BEFORE,
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
     "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
-    "footprint": FOOTPRINT, "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
+    "footprint": FOOTPRINT,
+    # the tree above the CTAs climbed by tickets at every size, where gpu.split_fold would launch
+    # conv1d_silu_fold (docs/performance.md v32)
+    "tickets": [], "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
 _prefetch_rows = gpu.PREFETCH_ROWS
+_fold_max_nodes = gpu.FOLD_MAX_NODES
 _take = gpu._TicketReserve.take
 
 
@@ -174,6 +178,7 @@ def use_variant(name: str) -> None:
     gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
+    gpu.FOLD_MAX_NODES = 0 if name == "tickets" else _fold_max_nodes
     global _node_pad
     _node_pad = name == "node_pad"
     _plan.cache_clear()

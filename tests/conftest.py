@@ -97,3 +97,15 @@ def kernel_backend(request):
     if request.param == "none":
         pytest.skip("no kernel backend (needs g++ for the emulator, or a GPU)")
     yield from _backend(request.param)
+
+
+@pytest.fixture
+def ticket_climb(monkeypatch):
+    """Backward trees climbed by tickets at every size (no fold launch: gpu.split_fold never holds)."""
+    from conv1d_silu import gpu
+
+    monkeypatch.setattr(gpu, "FOLD_MAX_NODES", 0)
+    gpu.backward_plan.cache_clear()
+    yield
+    monkeypatch.undo()
+    gpu.backward_plan.cache_clear()

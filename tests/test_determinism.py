@@ -61,7 +61,7 @@ def test_every_program_gives_the_same_bits(kernel_backend, shape, dtype):
             assert torch.equal(a, b), name
 
 
-def test_reused_tickets_are_left_at_zero(kernel_backend):
+def test_reused_tickets_are_left_at_zero(kernel_backend, ticket_climb):
     """The backward reuses one ticket buffer per stream without a memset: every launch must leave
     it all zero (the last arriver resets each ticket), whatever the shape and program."""
     from conv1d_silu import gpu
@@ -82,6 +82,39 @@ def test_reused_tickets_are_left_at_zero(kernel_backend):
                     assert all(torch.equal(a, b) for a, b in zip(got, first[S, C, program])), (S, C, program)
                 bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
                 assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)
+
+
+@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_flat_8b", "rowgroup_long_8b", "rowgroup_sm"])
+def test_fold_launch_gives_the_ticket_climbs_bits(kernel_backend, program, request):
+    """With more than FAN and at most gpu.FOLD_MAX_NODES nodes at the CTAs' level, a second kernel
+    folds the tree above them instead of the tickets' climb: the same bits, fp32 main-grad
+    accumulation included."""
+    from conv1d_silu import gpu, ops
+    from conv1d_silu.documents import doc_table
+
+    dev = kernel_backend.device
+    torch.manual_seed(7)
+    cta_level = 1 if routes.PROGRAMS[program].slabs_per_lane == 1 else 2
+    calls = []
+    for S, C in ((3000, 40), (20000, 24)):
+        assert gpu.split_fold(gpu.tree_shape(S)[1][cta_level]) == (cta_level == 1 or S == 20000)
+        x, w, b = torch.randn(S, C, device=dev), torch.randn(C, 4, device=dev), torch.randn(C, device=dev)
+        dy = torch.randn_like(x)
+        doc = doc_table(x, None, None, None)
+        main_w, main_b = torch.randn(C, 4, device=dev), torch.randn(C, device=dev)
+
+        def call(x=x, w=w, b=b, dy=dy, doc=doc, main_w=main_w, main_b=main_b):
+            plain = ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, program)
+            summed = ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, program,
+                                       main_w.clone(), main_b.clone())
+            return [*plain[:3], *summed[1:3]]
+
+        calls.append(call)
+    split = [call() for call in calls]
+    request.getfixturevalue("ticket_climb")
+    for call, want in zip(calls, split):
+        for a, c in zip(call(), want):
+            assert torch.equal(a, c), program
 
 
 def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -96,10 +96,11 @@ def test_cuda_graph_replays_full_step_with_same_bits():
 
 
 @pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_long_8b", "rowgroup_sm"])
-def test_captured_backward_takes_tickets_zeroed_ahead(program):
+def test_captured_backward_takes_tickets_zeroed_ahead(program, ticket_climb):
     """A captured backward takes its tickets from the reserve zeroed outside the capture (no memset
     node in the graph); every replay gives the eager bits and leaves the tickets at zero. With the
-    reserve used up, the capture falls back to zeros of its own, with the same bits."""
+    reserve used up, the capture falls back to zeros of its own, with the same bits. (The tickets'
+    climb forced: at this size the fold launch would otherwise climb the tree.)"""
     from conv1d_silu import gpu, ops
 
     torch.manual_seed(4)
@@ -131,6 +132,41 @@ def test_captured_backward_takes_tickets_zeroed_ahead(program):
             assert int(buf.count_nonzero()) == 0
         if exhausted:
             reserve.used = used
+
+
+@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_long_8b", "rowgroup_sm"])
+def test_captured_fold_launch_replays_with_eager_bits(program):
+    """The tree above the CTAs folded by the programmatically launched second kernel: captured in a
+    CUDA graph, every replay gives the eager bits, also right behind other work on the stream and
+    with the fp32 main-grad accumulation."""
+    from conv1d_silu import gpu, ops, routes
+
+    torch.manual_seed(5)
+    x = torch.randn(70000, 72, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(72, 4, device="cuda"), torch.randn(72, device="cuda")
+    dy = torch.randn_like(x)
+    doc = doc_table(x, None, None, None)
+    cta_level = 1 if routes.PROGRAMS[program].slabs_per_lane == 1 else 2
+    assert gpu.split_fold(gpu.tree_shape(70000)[1][cta_level])
+    main_w, main_b = torch.zeros(72, 4, device="cuda"), torch.zeros(72, device="cuda")
+
+    def call():
+        main_w.zero_(), main_b.zero_()
+        out = ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, program)
+        ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, program, main_w, main_b)
+        return out
+
+    eager = [t.clone() for t in call()[:3]] + [main_w.clone(), main_b.clone()]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call()
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        busy @ busy  # a long kernel just before the replay
+        g.replay()
+        torch.cuda.synchronize()
+        for a, c in zip(eager, [*out[:3], main_w, main_b]):
+            assert torch.equal(a, c)
 
 
 def test_compile_fullgraph_on_cuda_matches_eager_bitwise():

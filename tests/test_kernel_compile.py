@@ -157,7 +157,7 @@ def test_ab_experiment_host_variants(monkeypatch):
     from conv1d_silu import gpu, runtime
 
     ab = _script("ab_experiment")
-    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS")):
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"), (gpu, "FOLD_MAX_NODES")):
         monkeypatch.setattr(obj, attr, getattr(obj, attr))  # restored after the test
     monkeypatch.setattr(runtime, "_functions", {})
     monkeypatch.setattr(runtime, "_smem_ready", {})
@@ -175,7 +175,7 @@ def test_ab_experiment_host_variants(monkeypatch):
     gpu.forward_plan.cache_clear()
 
 
-def test_ab_experiment_padding_probes(monkeypatch):
+def test_ab_experiment_padding_probes(monkeypatch, ticket_climb):
     """dx_pad hands the backward a dx whose rows are padded to 64 channels (and its kernel text
     steps by that pitch); node_pad pads every node's flat columns to whole CTAs, so no CTA spans
     two nodes, and leaves tiled plans alone."""
@@ -183,7 +183,7 @@ def test_ab_experiment_padding_probes(monkeypatch):
 
     ab = _script("ab_experiment")
     for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"),
-                      (gpu, "torch"), (gpu, "backward_plan")):
+                      (gpu, "torch"), (gpu, "backward_plan"), (gpu, "FOLD_MAX_NODES")):
         monkeypatch.setattr(obj, attr, getattr(obj, attr))
     monkeypatch.setattr(runtime, "_functions", {})
     monkeypatch.setattr(runtime, "_smem_ready", {})

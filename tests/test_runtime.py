@@ -79,7 +79,13 @@ def test_plans_are_cached_pure_functions():
     b = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, p, 1)
     assert a is b
     assert a.block == 8 * 24 and a.n_ctiles == 2 and a.root == 5
-    assert a.n_units == 978 * 2 and a.ws_elems == (978 + 123 + 16 + 2) * 5 * 384 and a.n_tickets == (123 + 16 + 2 + 1) * 2
+    # 978 nodes at the CTAs' level: the fold kernel takes the 4 levels above them from the workspace
+    # (60 CTAs: 12 x 32 channels x 5 reduced rows; shared memory for 123 + 16 parents), no tickets
+    assert a.n_units == 978 * 2 and a.ws_elems == 978 * 5 * 384 and a.n_tickets == 0
+    assert a.fold == gpu.FoldPlan("conv1d_silu_fold<c1s::bf16, c1s::bf16, 4, true>", 60, (123 + 16) * 32 * 4, 978, 4)
+    # 4096 nodes at 1M tokens: the tickets climb, every level above the CTAs' in the workspace
+    c = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 1 << 20, 384, 384, 16, True, 0, False, True, p, 1)
+    assert c.fold is None and c.ws_elems == (4096 + 512 + 64 + 8) * 5 * 384 and c.n_tickets == (512 + 64 + 8 + 1) * 2
 
 
 def test_flat_forward_plan_covers_whole_rows_with_every_thread():
@@ -114,13 +120,17 @@ def test_flat_forward_lanes_grow_only_to_save_a_second_wave():
     assert gpu.forward_plan(*args[:-2], tiled, 1, 528) == gpu.forward_plan(*args[:-2], tiled, 1)
 
 
-def test_flat_backward_plan_has_a_column_per_node_and_vector():
+def test_flat_backward_plan_has_a_column_per_node_and_vector(request):
     p = routes.PROGRAMS["rowgroup_flat_8b"]
-    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 32768, 264, 264, 16, True, 0, False, True, p, 1)
+    args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 32768, 264, 264, 16, True, 0, False, True, p, 1)
+    a = gpu.backward_plan(*args)
     # 128 level-1 nodes x 66 vectors = 8448 columns, 16 per 128-thread CTA: 528 CTAs, exactly the
     # H200's 132 SMs x 4 resident CTAs
     assert (a.n_vec, a.tile_v, a.block, a.n_units) == (66, 16, 128, 528)
-    assert a.n_tickets == (16 + 2 + 1) * 66  # one per (parent, vector) at levels 2..4
+    assert a.n_tickets == 0 and (a.fold.n_nodes, a.fold.levels) == (128, 3)
+    request.getfixturevalue("ticket_climb")
+    b = gpu.backward_plan(*args)
+    assert b.fold is None and b.n_tickets == (16 + 2 + 1) * 66  # one per (parent, vector) at levels 2..4
 
 
 def test_tree_shape():
@@ -149,41 +159,66 @@ def test_cuda_tensor_without_cupy_names_the_extra(monkeypatch):
         runtime._cupy.cache_clear()
 
 
-def _kernel_parameters(source: str) -> list[str]:
+def _kernel_parameters(source: str, kernel: str | None = None) -> list[str]:
+    """The parameter list of ``kernel`` (default: the source's own template) in ``source``."""
+    kernel = kernel or source
     text = kernels.source(source)
-    sig = text[text.index(f"{source}(", text.index("__global__")) + len(source) + 1 :]
+    sig = text[text.index(f"{kernel}(", text.index("__global__")) + len(kernel) + 1 :]
     return [" ".join(p.split()) for p in sig[: sig.index(")")].split(",")]
 
 
-@pytest.mark.parametrize("source", kernels.SOURCES)
-def test_every_kernel_parameter_is_eight_bytes(source):
+KERNELS = [(s, s) for s in kernels.SOURCES] + [("conv1d_silu_bwd", "conv1d_silu_fold")]
+
+
+@pytest.mark.parametrize("source,kernel", KERNELS)
+def test_every_kernel_parameter_is_eight_bytes(source, kernel):
     """runtime.pack_args writes every argument as 8 bytes: pointers and long long only."""
-    for p in _kernel_parameters(source):
+    for p in _kernel_parameters(source, kernel):
         assert "*" in p or p.startswith("long long "), p
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_launch_args_match_the_kernel_signature(direction):
+@pytest.mark.parametrize("direction,S", [("fwd", 100), ("bwd", 100), ("bwd", 5000)])
+def test_launch_args_match_the_kernel_signature(direction, S):
+    """At 5000 tokens the backward's CTAs write 20 tree nodes: a second, programmatic launch folds
+    the levels above them (conv1d_silu_fold)."""
     from emulator import EmulatorLauncher
 
     from conv1d_silu.documents import doc_table
 
     rec = EmulatorLauncher()
-    x = torch.randn(100, 8)
+    x = torch.randn(S, 8)
     w = torch.randn(8, 4)
     doc = doc_table(x, None, None, None)
     if direction == "fwd":
         gpu.forward(x, w, None, doc, None, False, True, routes.PROGRAMS["fwd_rows"], 8, launcher=rec)
     else:
         gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)
-    (launch,) = rec.launches
-    params = _kernel_parameters(launch.source)
-    assert len(launch.args) == len(params)
-    for a, p in zip(launch.args, params):
-        if isinstance(a, torch.Tensor) or a is None:
-            assert "*" in p, (p, a)
-        else:
-            assert type(a) is int and p.startswith("long long "), (p, a)
+    names = [launch.kernel.split("<")[0] for launch in rec.launches]
+    assert names == (["conv1d_silu_bwd", "conv1d_silu_fold"] if S == 5000 else [f"conv1d_silu_{direction}"])
+    assert [launch.programmatic for launch in rec.launches] == [False, True][: len(names)]
+    for launch in rec.launches:
+        params = _kernel_parameters(launch.source, launch.kernel.split("<")[0])
+        assert len(launch.args) == len(params)
+        for a, p in zip(launch.args, params):
+            if isinstance(a, torch.Tensor) or a is None:
+                assert "*" in p, (p, a)
+            else:
+                assert type(a) is int and p.startswith("long long "), (p, a)
+
+
+def test_launch_config_structures_match_cuda_h():
+    """cuLaunchKernelEx's structures as CUDA 12/13's cuda.h lays them out on 64-bit hosts."""
+    import ctypes
+
+    from conv1d_silu import runtime
+
+    assert ctypes.sizeof(runtime._LaunchAttribute) == 72  # id, 4 bytes of padding, a 64-byte union
+    assert runtime._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(runtime._LaunchConfig) == 56
+    assert (runtime._LaunchConfig.smem.offset, runtime._LaunchConfig.stream.offset) == (24, 32)
+    assert (runtime._LaunchConfig.attrs.offset, runtime._LaunchConfig.num_attrs.offset) == (40, 48)
+    attr = runtime._ex.attr
+    assert (attr.id, attr.value[0]) == (runtime.PROGRAMMATIC_STREAM_SERIALIZATION, 1)
 
 
 def test_pack_args_writes_addresses_zeros_and_ints():

@@ -18,11 +18,32 @@
 // writes them to the workspace, and takes tickets on the parents; the last of a parent's
 // children to arrive folds the parent, and so on up to the root, which is written as
 // dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
-// is ever summed atomically.
+// is ever summed atomically. With split_ the CTAs only write their nodes, and conv1d_silu_fold,
+// launched next, folds the levels above (no ticket, no fence in this kernel).
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
+
+// Programmatic dependent launch (sm_90+): launch_dependents lets the next kernel in the stream, if
+// it was launched with the attribute (runtime.Launch.programmatic), start before this one ends; that
+// kernel's wait returns once this one has finished and its writes are visible. Both are no-ops for
+// a plain launch and before sm_90.
+#ifndef CONV1D_SILU_EMULATE
+C1S_FN void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+C1S_FN void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#else
+inline void griddep_launch_dependents() {}
+inline void griddep_wait() {}
+#endif
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
           bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
@@ -33,8 +54,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
     void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, long long C_,
     long long tile_v_, long long n_ctiles_, long long n_units, long long root_level_,
-    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_, long long n_vec) {
+    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_, long long n_vec,
+    long long split_) {
   using namespace c1s;
+  // every CTA has started: the fold (split_) may launch and wait for this grid in a free slot
+  griddep_launch_dependents();
   // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
   const int n_docs = (int)n_docs_, accumulate = (int)accumulate_, C = (int)C_, tile_v = (int)tile_v_;
   const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
@@ -344,7 +368,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     static_assert(FAN == 8, "parents by shifts");
     const long long n_tk = FLAT ? n_vec : n_ctiles;  // tickets per parent
     int shift = 3;  // a CTA-level node's parent at this level: node >> shift
-    for (int level = CTA_LEVEL; level < root_level; ++level, shift += 3) {
+    const int climb_to = split_ ? CTA_LEVEL : root_level;
+    for (int level = CTA_LEVEL; level < climb_to; ++level, shift += 3) {
       __syncthreads();  // the nodes are written, the previous level's plans read
       int fold = 0;     // children of plan g's parent that this CTA folds (0: none)
       if (threadIdx.x < (FLAT ? tile_v : 1)) {
@@ -403,5 +428,78 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       n_level = (n_level + FAN - 1) / FAN;
     }
     __syncthreads();  // the slots and the plans are reused by the next unit
+  }
+}
+
+// The canonical tree above the CTAs' level for a backward launched with split_: the folds of the
+// tickets' climb (FAN children in index order, missing ones as +0), so the same bits. One CTA per
+// FOLD_COLS channels of one reduced row k; the first level reads the CTAs' nodes from the
+// workspace (every load of a parent before its adds), the levels above stay in shared memory
+// (rows [0, np) and [np, np + np / FAN), used in turn). Launched programmatically after the
+// backward, it may be resident before the backward ends and waits for its writes first.
+constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: channels x parents
+template <typename T, typename TG, int K, bool HAS_BIAS>
+__global__ void __launch_bounds__(512) conv1d_silu_fold(
+    const void* __restrict__ workspace, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
+    long long C_, long long n_nodes, long long levels_) {
+  using namespace c1s;
+  using A = typename Acc<T>::type;
+  constexpr int NB = K + (HAS_BIAS ? 1 : 0);
+  griddep_wait();
+  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_;
+  const int n_ct = (C + FOLD_COLS - 1) / FOLD_COLS;
+  const int k = (int)blockIdx.x / n_ct;
+  const int tx = (int)threadIdx.x % FOLD_COLS, ty = (int)threadIdx.x / FOLD_COLS;
+  const int c = ((int)blockIdx.x - k * n_ct) * FOLD_COLS + tx;
+  const bool live = c < C;
+  const A* ws = static_cast<const A*>(workspace);
+  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
+  A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
+
+  long long n = n_nodes;
+  int np = (int)((n + FAN - 1) / FAN);
+  // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
+  // trip per batch
+  for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
+    A ch[FOLD_BATCH][FAN];
+#pragma unroll
+    for (int u = 0; u < FOLD_BATCH; ++u)
+#pragma unroll
+      for (int j = 0; j < FAN; ++j) {
+        const long long child = (long long)(p0 + u * FOLD_ROWS) * FAN + j;
+        ch[u][j] = live && child < n ? __ldcg(&ws[(child * NB + k) * C + c]) : A(0);
+      }
+#pragma unroll
+    for (int u = 0; u < FOLD_BATCH; ++u) {
+      const int p = p0 + u * FOLD_ROWS;
+      if (p >= np) break;
+      A v = ch[u][0];
+#pragma unroll
+      for (int j = 1; j < FAN; ++j) v += ch[u][j];
+      if (levels > 1) {
+        buf[p * FOLD_COLS + tx] = v;
+      } else if (live) {
+        write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+      }
+    }
+  }
+  int src = 0, dst = np;
+  for (int l = 1; l < levels; ++l) {
+    __syncthreads();  // the level below is written
+    const int m = np;
+    np = (np + FAN - 1) / FAN;
+    for (int p = ty; p < np; p += FOLD_ROWS) {
+      A v = buf[(src + p * FAN) * FOLD_COLS + tx];
+#pragma unroll
+      for (int j = 1; j < FAN; ++j) v += p * FAN + j < m ? buf[(src + p * FAN + j) * FOLD_COLS + tx] : A(0);
+      if (l + 1 < levels) {
+        buf[(dst + p) * FOLD_COLS + tx] = v;
+      } else if (live) {
+        write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+      }
+    }
+    const int t = src;
+    src = dst;
+    dst = t;
   }
 }
