@@ -28,6 +28,8 @@ CASES = [
     dict(S=300, C=16, K=2, mode="batch", init=True, dtype=torch.float16, bias=False),
     dict(S=200, C=16, K=4, mode="seq_idx_3d", dtype=torch.bfloat16, row_pad=8),
     dict(S=90, C=6, K=5, mode="single", dtype=torch.float64),
+    # 79 nodes at the one-slab CTAs' level, 10 at the eight-slab ones': conv1d_silu_fold climbs 3 and 2 levels
+    dict(S=20000, C=8, K=4, mode="single", dtype=torch.float32),
 ]
 
 
