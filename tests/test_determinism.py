@@ -165,6 +165,7 @@ CANONICAL = [
     dict(S=3000, C=40, K=3, starts=[0, 5, 700, 701, 2222, 3000]),  # documents
     dict(S=70000, C=8, K=4, starts=None),  # 2188 slabs: four tree levels
     dict(S=600000, C=4, K=2, starts=None),  # 18750 slabs: five levels
+    dict(S=140000, C=4, K=2, starts=None),  # 4375 slabs: the fold kernel climbs four levels (547 nodes)
 ]
 
 
