@@ -28,8 +28,9 @@ _source = kernels.source.__wrapped__
 
 NO_CHAIN = ("      if (!__syncthreads_or(fold)) break;",
             "      if (!__syncthreads_or(fold) || level >= 0) break;  // timing only: nobody folds")
-# Timing only: every CTA writes its node and stops, no ticket and no fold above the CTA (what a
-# separate fold launch would leave in the main kernel).
+# Timing only: every CTA writes its node and stops, no ticket and no fold above the CTA (what the
+# fold launch leaves in the backward; since v32 the backward runs so wherever gpu.split_fold holds,
+# so this and the other ticket variants change only the trees the tickets still climb).
 NO_TICKET = ("    for (int level = CTA_LEVEL; level < climb_to; ++level, shift += 3) {",
              "    for (int level = CTA_LEVEL; level < climb_to && level < 0; ++level, shift += 3) {")
 # Timing only: the climb stops at level 2, so nothing above it is folded (the most a one-CTA fold of
