@@ -258,8 +258,13 @@ _ex = _ExConfig()
 
 
 @functools.lru_cache(maxsize=1)
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.lru_cache(maxsize=1)
 def _launch_kernel_ex():
-    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn = _libcuda().cuLaunchKernelEx
     fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
@@ -267,8 +272,13 @@ def _launch_kernel_ex():
 
 @functools.lru_cache(maxsize=None)
 def programmatic_launches(index: int) -> bool:
-    """Whether the device takes programmatic dependent launches (compute capability 9.0+)."""
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """Whether a launch marked programmatic goes out as one: compute capability 9.0+ and a driver of
+    CUDA 12.3 or later (whose stream capture keeps the programmatic edge in a graph). Otherwise it
+    is a plain launch, which the kernels' griddepcontrol instructions treat alike."""
+    if torch.cuda.get_device_capability(index)[0] < 9:
+        return False
+    version = ctypes.c_int(0)
+    return _libcuda().cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value >= 12030
 
 
 def _launch_programmatic(handle: int, spec: Launch, stream: int, params: int) -> None:

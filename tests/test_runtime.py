@@ -206,6 +206,26 @@ def test_launch_args_match_the_kernel_signature(direction, S):
                 assert type(a) is int and p.startswith("long long "), (p, a)
 
 
+@pytest.mark.parametrize("capability,driver,want", [((9, 0), 13000, True), ((9, 0), 12020, False), ((8, 0), 13000, False)])
+def test_programmatic_launches_need_sm90_and_a_cuda_12_3_driver(monkeypatch, capability, driver, want):
+    import ctypes
+
+    from conv1d_silu import runtime
+
+    class FakeLibcuda:
+        def cuDriverGetVersion(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_int))[0] = driver
+            return 0
+
+    monkeypatch.setattr(runtime, "_libcuda", FakeLibcuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    runtime.programmatic_launches.cache_clear()
+    try:
+        assert runtime.programmatic_launches(0) is want
+    finally:
+        runtime.programmatic_launches.cache_clear()
+
+
 def test_launch_config_structures_match_cuda_h():
     """cuLaunchKernelEx's structures as CUDA 12/13's cuda.h lays them out on 64-bit hosts."""
     import ctypes
