@@ -171,14 +171,21 @@ def split_fold(n_nodes: int) -> bool:
     return FAN < n_nodes <= FOLD_MAX_NODES
 
 
-def fold_plan(dtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, nb: int, n_nodes: int, levels: int) -> FoldPlan:
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the backward sums dweight / dbias in (kernels' Acc<T>): fp64 for fp64 inputs, else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fold_plan(
+    dtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, has_bias: bool, n_nodes: int, levels: int
+) -> FoldPlan:
     """One CTA per FOLD_COLS channels and reduced row; shared memory for the first level's parents and
     the next level's."""
     parents = math.ceil(n_nodes / FAN)
-    acc_bytes = 8 if dtype == torch.float64 else 4
-    smem = (parents + math.ceil(parents / FAN)) * FOLD_COLS * acc_bytes if levels > 1 else 0
-    kernel = kernels.name_expression("conv1d_silu_fold", dtype, gdtype, K, nb > K)
-    return FoldPlan(kernel, math.ceil(C / FOLD_COLS) * nb, smem, n_nodes, levels)
+    rows = parents + math.ceil(parents / FAN) if levels > 1 else 0  # levels above the first: shared memory
+    smem = rows * FOLD_COLS * accumulator_dtype(dtype).itemsize
+    kernel = kernels.name_expression("conv1d_silu_fold", dtype, gdtype, K, has_bias)
+    return FoldPlan(kernel, math.ceil(C / FOLD_COLS) * (K + has_bias), smem, n_nodes, levels)
 
 
 FLAT_FWD_BLOCK = 256  # threads of a flat forward CTA
@@ -406,9 +413,11 @@ def backward_plan(
     n_units = math.ceil(nodes[cta_level] * n_vec / tile_v) if program.flat else nodes[cta_level] * n_ctiles
     fold = None
     if split_fold(nodes[cta_level]):
-        fold = fold_plan(dtype, gdtype, K, C, nb, nodes[cta_level], root - cta_level)
-    ws_elems = sum(nodes[level] for level in range(cta_level, cta_level + 1 if fold else root)) * nb * C
-    n_tickets = 0 if fold else sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
+        fold = fold_plan(dtype, gdtype, K, C, has_bias, nodes[cta_level], root - cta_level)
+    climb_to = cta_level + 1 if fold else root  # workspace levels: [cta_level, climb_to)
+    ws_elems = sum(nodes[level] for level in range(cta_level, climb_to)) * nb * C
+    tickets_per_parent = 0 if fold else n_vec or n_ctiles
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * tickets_per_parent
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -416,7 +425,7 @@ def backward_plan(
         "long long" if wide else "int", spl, pipe_depth(K), program.flat,
     )
     block = LANES * tile_v
-    slots = block * nb * vec * (8 if dtype == torch.float64 else 4)  # [LANES][NB][tile_c] accumulators
+    slots = block * nb * vec * accumulator_dtype(dtype).itemsize  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec, fold)
 
@@ -471,8 +480,7 @@ def backward(
         x.dtype, weight.dtype, dw.dtype, K, C, S, x_stride, dy_stride, alignment(x, dy, init, next_x, next_dy),
         has_bias, doc.mode, init is not None, silu, program, n_docs,
     )
-    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    workspace, tickets = backward_scratch(plan.ws_elems, acc_dtype, plan.n_tickets, x.device)
+    workspace, tickets = backward_scratch(plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets, x.device)
     launch = Launch(
         source="conv1d_silu_bwd",
         kernel=plan.kernel,

@@ -237,7 +237,8 @@ class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [
         ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
-        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint32),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint32),
     ]
 
 
