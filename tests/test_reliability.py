@@ -65,10 +65,14 @@ def test_more_than_2_31_elements_uses_64_bit_offsets():
     w = torch.randn(C, K, device="cuda", dtype=torch.bfloat16) * 0.5
     b = torch.randn(C, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(S, C, device="cuda", dtype=torch.bfloat16)
-    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-    y = causal_conv1d_silu(xr, wr, br)
-    dx, dw, db = torch.autograd.grad(y, [xr, wr, br], dy)
-    del xr, wr, br
+    # x itself is the leaf (a clone would be 4 GiB more): the suite shares an 80 GB card with
+    # other tests, so the peak stays near 20 GiB and the reference works in small chunks
+    x.requires_grad_()
+    wr, br = (t.clone().requires_grad_() for t in (w, b))
+    y = causal_conv1d_silu(x, wr, br)
+    dx, dw, db = torch.autograd.grad(y, [x, wr, br], dy)
+    del wr, br
+    x = x.detach()
     # rows near the start, around element 2^31 and at the end; each slice is recomputed by the
     # reference with K-1 rows of context on both sides (exact for the rows checked)
     for t0 in (0, 2**31 // C - 5, S - 40):
@@ -81,9 +85,10 @@ def test_more_than_2_31_elements_uses_64_bit_offsets():
         off = t0 - lo
         assert_close(y[t0 : t0 + n], ry[off : off + n], torch.bfloat16, f"y@{t0}")
         assert_close(dx[t0 : t0 + n], rdx[off : off + n], torch.bfloat16, f"dx@{t0}")
+    del y, dx
     # dweight: fp64 reference in chunks, each chunk with the K-1 rows before it as its initial state
     want = torch.zeros(C, K, dtype=torch.float64, device="cuda")
-    step = 1 << 18
+    step = 1 << 16
     for lo in range(0, S, step):
         hi = min(S, lo + step)
         init = x[lo - (K - 1) : lo].double()[None] if lo > 0 else None
