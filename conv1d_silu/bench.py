@@ -347,7 +347,8 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     return rows
 
 
-def run(args) -> dict:
+def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
+    """Measure every shape of ``args``; ``on_shape`` gets the result so far after each shape."""
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     timer = Timer(device, args.reps, args.warmup, args.graph)
@@ -357,7 +358,12 @@ def run(args) -> dict:
     bw = copy_bandwidth(device, eager)
     impls = _impls(args)
     shapes = args.shapes or (PRESETS[args.preset]() if device.type == "cuda" else [(4096, 64), (8192, 128)])
+    shapes = select_part(shapes, args.part)
+    # measured first, so that every partial result written below carries it
+    host = None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
+    run_meta = meta(device, args, bw)
     rows: list[Row] = []
+    speedups: list[dict] = []
     total = len(shapes)
     for i, (S, C) in enumerate(shapes):
         _progress(i, total, f"S={S} C={C}")
@@ -366,12 +372,20 @@ def run(args) -> dict:
             # previous shape freed: right after a large free, the forward timed ~10 % slower
             # (docs/performance.md v11, scripts/bench_gap.py).
             torch.cuda.empty_cache()
-        rows += _shape_rows(args, impls, S, C, timer, eager, bw, dtype, device)
+        shape_rows = _shape_rows(args, impls, S, C, timer, eager, bw, dtype, device)
+        rows += shape_rows
+        speedups += _speedups(shape_rows)
+        if on_shape is not None:
+            on_shape(_result(run_meta, host, rows, speedups))
     _progress(total, total, "done")
     sys.stderr.write("\n")
-    # speedups of ours against each baseline of the same (S, C, call)
+    return _result(run_meta, host, rows, speedups)
+
+
+def _speedups(rows: list[Row]) -> list[dict]:
+    """Ours against each baseline of the same (S, C, call), with the ratio's 95 % bootstrap CI."""
     by_key = {(r.S, r.C, r.call, r.impl): r for r in rows}
-    result_rows = []
+    out = []
     for r in rows:
         if r.impl == "conv1d_silu" or r.call not in CALLS:
             continue
@@ -379,20 +393,63 @@ def run(args) -> dict:
         if ours is None:
             continue
         lo, hi = bootstrap_ratio_ci(r.times_us, ours.times_us)
-        result_rows.append(
+        out.append(
             dict(S=r.S, C=r.C, call=r.call, baseline=r.impl, baseline_us=r.median_us, ours_us=ours.median_us,
                  speedup=r.median_us / ours.median_us, ci95=(lo, hi), pct_copy_bw=ours.pct_copy_bw)
         )
+    return out
+
+
+def _result(run_meta: dict, host: dict | None, rows: list[Row], speedups: list[dict]) -> dict:
+    """The saved form of a run; rows keep the reps' spread instead of the reps."""
     return {
-        "meta": meta(device, args, bw),
-        "host_overhead_us": (
-            None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
-        ),
-        # the reps' spread instead of the reps themselves
+        "meta": run_meta,
+        "host_overhead_us": host,
         "rows": [{**{k: v for k, v in asdict(r).items() if k != "times_us"},
                   "min_us": min(r.times_us), "max_us": max(r.times_us)} for r in rows],
-        "speedups": result_rows,
+        "speedups": speedups,
     }
+
+
+def select_part(shapes: list[tuple[int, int]], part: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """Part ``(i, n)`` of the shapes: every n-th from the i-th (1-based), so that the parts of a
+    list ordered by size take similar times (a bench split over several device calls)."""
+    if part is None:
+        return shapes
+    i, n = part
+    return shapes[i - 1 :: n]
+
+
+# What the parts of one bench must share to be reported as one table.
+SAME_IN_PARTS = ("gpu", "torch", "cupy", "commit", "dtype", "K", "graph", "reps")
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One result from the saved results of several runs (``--part``s, or a run cut short and the
+    rest): rows and speedups of every part, a later part's row replacing an earlier one of the same
+    (S, C, call, implementation); meta of the first, each part's meta under ``parts``, and the first
+    host overhead measured. Parts must agree on GPU, versions, commit, dtype, K and timing mode."""
+    first = parts[0]["meta"]
+    for i, part in enumerate(parts[1:], 2):
+        diff = [k for k in SAME_IN_PARTS if part["meta"].get(k) != first.get(k)]
+        if diff:
+            raise ValueError(f"--from-json: part {i} differs from part 1 in {', '.join(diff)}")
+    rows: dict[tuple, dict] = {}
+    speedups: dict[tuple, dict] = {}
+    for part in parts:
+        rows.update({(r["S"], r["C"], r["call"], r["impl"]): r for r in part["rows"]})
+        speedups.update({(r["S"], r["C"], r["call"], r["baseline"]): r for r in part["speedups"]})
+    host = next((p["host_overhead_us"] for p in parts if p.get("host_overhead_us")), None)
+    meta_all = {**first, "parts": [p["meta"] for p in parts]} if len(parts) > 1 else first
+    return {"meta": meta_all, "host_overhead_us": host, "rows": list(rows.values()), "speedups": list(speedups.values())}
+
+
+def write_json(result: dict, path: str) -> None:
+    """``result`` to ``path`` whole or not at all (a run killed while writing keeps the last file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
 
 
 def meta(device: torch.device, args, bw: float) -> dict:
@@ -512,10 +569,22 @@ def _shape(text: str) -> tuple[int, int]:
     return int(s), int(c)
 
 
+def _part(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (e.g. 1/2), got {text!r}") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"expected 1 <= I <= N, got {text!r}")
+    return i, n
+
+
 def parser() -> argparse.ArgumentParser:
     """The bench's command line (scripts build their arguments with it too)."""
     p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the --preset's)")
+    p.add_argument("--part", type=_part, help="I/N: only every N-th shape from the I-th (a bench split over several runs; "
+                   "join the parts' --json with --from-json)")
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
                    help="default: the seed rows + wide C; seed-rule: the 34 rows of the seed's sm_107a rule")
     p.add_argument("--program", help="force our op's program (default: routed)")
@@ -535,22 +604,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown")
     p.add_argument("--csv")
     p.add_argument("--plot", help="draw %% of bandwidth and speedups vs C into this PNG (matplotlib)")
-    p.add_argument("--from-json", help="skip measuring: report a saved --json result")
+    p.add_argument("--from-json", nargs="+", help="skip measuring: report saved --json results (several: merged)")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            result = json.load(f)
+        parts = []
+        for path in args.from_json:
+            with open(path) as f:
+                parts.append(json.load(f))
+        result = merge_results(parts)
     else:
-        result = run(args)
+        # with --json the result so far is saved after every shape: a run cut off keeps its rows
+        result = run(args, on_shape=(lambda r: write_json(r, args.json)) if args.json else None)
     text = markdown(result)
     print(text)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(result, args.json)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")

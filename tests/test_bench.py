@@ -50,6 +50,65 @@ def test_cli_writes_rows_on_the_cpu(tmp_path, capsys):
     assert "| 64 | 16 |" in capsys.readouterr().out
 
 
+def _cpu_bench(*extra: str) -> list[str]:
+    return ["--cpu", "--reps", "2", "--warmup", "1", "--baselines", "eager", *extra]
+
+
+def test_parts_of_a_bench_merge_into_the_whole_table(tmp_path):
+    """--part I/N takes every N-th shape from the I-th; --from-json joins the parts' results into
+    the rows and speedups of every shape (a bench split over several device calls)."""
+    shapes = ["--shapes", "40,8", "48,8", "56,8"]
+    whole = bench.main(_cpu_bench(*shapes, "--no-host"))
+    files = []
+    for i in (1, 2):
+        files.append(tmp_path / f"p{i}.json")
+        bench.main(_cpu_bench(*shapes, "--part", f"{i}/2", "--json", str(files[-1]), *(["--no-host"] if i == 2 else [])))
+    assert {r["S"] for r in json.loads(files[0].read_text())["rows"]} == {40, 56}
+    assert {r["S"] for r in json.loads(files[1].read_text())["rows"]} == {48}
+    merged = bench.main(["--from-json", *map(str, files), "--json", str(tmp_path / "m.json")])
+
+    def keys(result, what, impl):
+        return sorted((r["S"], r["C"], r["call"], r[impl]) for r in result[what])
+
+    assert keys(merged, "rows", "impl") == keys(whole, "rows", "impl")
+    assert keys(merged, "speedups", "baseline") == keys(whole, "speedups", "baseline")
+    assert merged["host_overhead_us"]["ratio"] > 0  # part 1's
+    assert [p["commit"] for p in merged["meta"]["parts"]] == [merged["meta"]["commit"]] * 2
+    # a later part's row replaces an earlier one of the same shape, call and implementation
+    again = bench.main(["--from-json", str(files[0]), str(files[0])])
+    assert keys(again, "rows", "impl") == keys(json.loads(files[0].read_text()), "rows", "impl")
+
+
+def test_parts_from_different_runs_are_refused(tmp_path):
+    part = bench.main(_cpu_bench("--shapes", "40,8", "--no-host"))
+    other = {**part, "meta": {**part["meta"], "gpu": "NVIDIA H100 80GB HBM3"}}
+    for name, result in (("a", part), ("b", other)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="part 2 differs from part 1 in gpu"):
+        bench.main(["--from-json", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args(["--part", "3/2"])
+
+
+def test_a_run_cut_short_keeps_the_shapes_it_measured(tmp_path, monkeypatch):
+    """With --json the result so far is written after every shape: a device call that runs out of
+    time (gpu-check's timeout) still brings back the rows it measured."""
+    measure = bench._shape_rows
+
+    def shape_rows(args, impls, S, C, *rest):
+        if S == 48:
+            raise KeyboardInterrupt  # the timeout's SIGINT, mid-shape
+        return measure(args, impls, S, C, *rest)
+
+    monkeypatch.setattr(bench, "_shape_rows", shape_rows)
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(_cpu_bench("--shapes", "40,8", "48,8", "--no-host", "--json", str(out)))
+    saved = json.loads(out.read_text())
+    assert {r["S"] for r in saved["rows"]} == {40} and saved["speedups"]
+    assert not (tmp_path / "r.json.tmp").exists()
+
+
 def test_meta_takes_the_commit_from_the_environment(monkeypatch):
     """A copied tree (the GPU machine's) may carry stale git history: CONV1D_SILU_COMMIT wins."""
     import argparse
