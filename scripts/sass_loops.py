@@ -4,8 +4,9 @@
 
 Compiles the bf16, K = 4, 8-byte backward instances (bias on / off, one / eight slabs per lane,
 tiled / flat) with nvcc (the CUDA 13.0 toolkit, the same compiler generation as the H200 machine's
-NVRTC), disassembles them with cuobjdump (PATH, or the nvidia-cuda-cuobjdump wheel) and prints
-each instance's registers, instruction count and every loop of more than 40 instructions (a
+NVRTC), disassembles them with cuobjdump (PATH, or the nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm wheels) and prints each instance's registers, instruction count and every
+loop of more than 40 instructions (a
 backward branch and its target). The walk over the rows is the second-largest loop; the climb is
 the last large one. --source takes a whole expanded kernel text (e.g. another commit's, as
 docs/performance.md v20 makes it) to compare with.
@@ -14,6 +15,7 @@ docs/performance.md v20 makes it) to compare with.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -42,11 +44,16 @@ def _cuobjdump() -> str:
     if found:
         return found
     try:
-        from nvidia import cu13  # the nvidia-cuda-cuobjdump wheel
+        from nvidia import cu13  # the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels
 
-        return str(Path(cu13.__path__[0]) / "bin" / "cuobjdump")
+        bin_dir = Path(cu13.__path__[0]) / "bin"
     except ImportError:
-        sys.exit("needs cuobjdump (PATH or pip install nvidia-cuda-cuobjdump)")
+        bin_dir = None
+    if bin_dir is None or not (bin_dir / "cuobjdump").exists() or not (bin_dir / "nvdisasm").exists():
+        sys.exit("needs cuobjdump and nvdisasm (PATH, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    # cuobjdump -sass runs nvdisasm, which the wheel puts beside it but not on PATH
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return str(bin_dir / "cuobjdump")
 
 
 def compile_sass(source: str, arch: str) -> tuple[str, str]:
