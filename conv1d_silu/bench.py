@@ -426,9 +426,12 @@ SAME_IN_PARTS = ("gpu", "torch", "cupy", "commit", "dtype", "K", "graph", "reps"
 
 def merge_results(parts: list[dict]) -> dict:
     """One result from the saved results of several runs (``--part``s, or a run cut short and the
-    rest): rows and speedups of every part, a later part's row replacing an earlier one of the same
-    (S, C, call, implementation); meta of the first, each part's meta under ``parts``, and the first
-    host overhead measured. Parts must agree on GPU, versions, commit, dtype, K and timing mode."""
+    rest): rows and speedups of every part ordered by (S, C), a later part's row replacing an earlier
+    one of the same (S, C, call, implementation); meta of the first, each part's meta under
+    ``parts``, and the first host overhead measured. Parts must agree on GPU, versions, commit,
+    dtype, K and timing mode."""
+    if len(parts) == 1:
+        return parts[0]
     first = parts[0]["meta"]
     for i, part in enumerate(parts[1:], 2):
         diff = [k for k in SAME_IN_PARTS if part["meta"].get(k) != first.get(k)]
@@ -440,8 +443,9 @@ def merge_results(parts: list[dict]) -> dict:
         rows.update({(r["S"], r["C"], r["call"], r["impl"]): r for r in part["rows"]})
         speedups.update({(r["S"], r["C"], r["call"], r["baseline"]): r for r in part["speedups"]})
     host = next((p["host_overhead_us"] for p in parts if p.get("host_overhead_us")), None)
-    meta_all = {**first, "parts": [p["meta"] for p in parts]} if len(parts) > 1 else first
-    return {"meta": meta_all, "host_overhead_us": host, "rows": list(rows.values()), "speedups": list(speedups.values())}
+    by_shape = lambda r: (r["S"], r["C"])  # noqa: E731  (stable: a shape's rows keep their order)
+    return {"meta": {**first, "parts": [p["meta"] for p in parts]}, "host_overhead_us": host,
+            "rows": sorted(rows.values(), key=by_shape), "speedups": sorted(speedups.values(), key=by_shape)}
 
 
 def write_json(result: dict, path: str) -> None:

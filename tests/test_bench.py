@@ -71,6 +71,7 @@ def test_parts_of_a_bench_merge_into_the_whole_table(tmp_path):
         return sorted((r["S"], r["C"], r["call"], r[impl]) for r in result[what])
 
     assert keys(merged, "rows", "impl") == keys(whole, "rows", "impl")
+    assert [r["S"] for r in merged["rows"]] == sorted(r["S"] for r in merged["rows"])  # the parts interleaved
     assert keys(merged, "speedups", "baseline") == keys(whole, "speedups", "baseline")
     assert merged["host_overhead_us"]["ratio"] > 0  # part 1's
     assert [p["commit"] for p in merged["meta"]["parts"]] == [merged["meta"]["commit"]] * 2
