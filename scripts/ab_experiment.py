@@ -174,7 +174,10 @@ VARIANTS = {
     "window_l1": _window_hint("L1"), "window_l2": _window_hint("L2"), "window_early": WINDOW_EARLY,
     # the tree above the CTAs climbed by tickets at every size, where gpu.split_fold would launch
     # conv1d_silu_fold (docs/performance.md v32)
-    "tickets": [], "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
+    "tickets": [],
+    # Timing only (no dweight / dbias above the CTAs' nodes): no fold launch and no ticket climb, the
+    # most any way of folding the tree above the CTAs could save (docs/performance.md v35)
+    "no_tree": [NO_TICKET], "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
@@ -207,7 +210,7 @@ def use_variant(name: str) -> None:
     gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
-    gpu.FOLD_MAX_NODES = 0 if name == "tickets" else _fold_max_nodes
+    gpu.FOLD_MAX_NODES = 0 if name in ("tickets", "no_tree") else _fold_max_nodes
     global _node_pad
     _node_pad = name == "node_pad"
     _plan.cache_clear()
