@@ -153,7 +153,7 @@ def test_ab_experiment_patches_still_apply():
 
 def test_ab_experiment_host_variants(monkeypatch):
     """The host-side variants change what they claim (and only while selected): the deeper row
-    pipeline of *deep, and no ticket reserve under memset_tickets."""
+    pipeline of *deep, no ticket reserve under memset_tickets, no fold launch under no_tree."""
     from conv1d_silu import gpu, runtime
 
     ab = _script("ab_experiment")
@@ -169,6 +169,11 @@ def test_ab_experiment_host_variants(monkeypatch):
     assert "g[e] = dv[e] + xv[e];" in kernels.source("conv1d_silu_bwd")
     ab.use_variant("memset_tickets")
     assert pipe_depth(4) == base_depth and reserve.take(1) is None
+    fold_max = gpu.FOLD_MAX_NODES
+    ab.use_variant("no_tree")  # neither the fold launch nor the tickets' climb
+    assert gpu.FOLD_MAX_NODES == 0 and "level < climb_to && level < 0" in kernels.source("conv1d_silu_bwd")
+    ab.use_variant("window_l1")
+    assert gpu.FOLD_MAX_NODES == fold_max and "prefetch.global.L1" in kernels.source("conv1d_silu_bwd")
     ab.use_variant("base")
     assert pipe_depth(4) == base_depth and reserve.take(1) is not None
     gpu.backward_plan.cache_clear()
