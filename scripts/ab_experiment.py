@@ -132,7 +132,8 @@ FOOTPRINT = [
 # The lane's window (the K-1 rows of x before r0, loaded synchronously by window_before) is read
 # after the pipeline's first DEPTH-1 turns are requested, so at a one-wave start it waits for the end
 # of the start-up burst (docs/performance.md v35: 15 % of the stall samples at 32768 x 264). Its
-# lines asked for first (prefetch into L1 or L2), or window_before itself moved ahead of the turns.
+# lines asked for first (prefetch into L1 or L2). Moving window_before itself ahead of the turns does
+# not do it: nvcc then unpacks the window before the turns' copies, which wait a DRAM round trip.
 _PREFETCH_TURNS = "#pragma unroll\n      for (int q = 0; q < DEPTH - 1; ++q) prefetch(q);\n"
 
 
@@ -143,14 +144,6 @@ def _window_hint(level: str) -> list:
     return [(_PREFETCH_TURNS, hint + _PREFETCH_TURNS)]
 
 
-_WINDOW_CALL = "      window_before<0, K, VEC, HAS_INIT, A, T, I>(x, x_rs, init, C, c0, r0, pos0, docs.state, n_docs, xr);\n"
-_DOCS_BEGIN = "      Docs<MODE> docs;\n      const int pos0 = docs.begin(da, r0, K - 1);\n"
-WINDOW_EARLY = [
-    (_PREFETCH_TURNS, _DOCS_BEGIN + "      A xr[K][VEC];\n" + _WINDOW_CALL + _PREFETCH_TURNS),
-    ("prefetch(q);\n\n" + _DOCS_BEGIN, "prefetch(q);\n\n"),
-    ("      A xr[K][VEC], gr[K][VEC];\n", "      A gr[K][VEC];\n"),
-    ("      }\n" + _WINDOW_CALL, "      }\n"),
-]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -171,7 +164,7 @@ VARIANTS = {
     "no_fold": [NO_TICKET] + NO_CTA_FOLD, "no_cta_fold": NO_CTA_FOLD, "relaxed_ticket": RELAXED_TICKET,
     "flat_one_ticket": FLAT_ONE_TICKET, "dx_pad": DX_PAD, "node_pad": [],
     "footprint": FOOTPRINT,
-    "window_l1": _window_hint("L1"), "window_l2": _window_hint("L2"), "window_early": WINDOW_EARLY,
+    "window_l1": _window_hint("L1"), "window_l2": _window_hint("L2"),
     # the tree above the CTAs climbed by tickets at every size, where gpu.split_fold would launch
     # conv1d_silu_fold (docs/performance.md v32)
     "tickets": [],
