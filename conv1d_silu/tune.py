@@ -31,7 +31,7 @@ from .documents import doc_table
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
-DEFAULT_S = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 196608, 262144, 1048576)  # dense below 262144: token floors fall on these
+DEFAULT_S = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 196608, 262144, 1048576)  # dense below 262144: token floors fall on these
 MARGIN = 0.03  # programs this close to the fastest count as tied
 NOISE_CAP = 0.05  # a noisy measurement widens the tie to its spread, but never past this
 BWD_VARIANTS = ("bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
