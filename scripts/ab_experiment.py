@@ -170,7 +170,8 @@ VARIANTS = {
     "tickets": [],
     # Timing only (no dweight / dbias above the CTAs' nodes): no fold launch and no ticket climb, the
     # most any way of folding the tree above the CTAs could save (docs/performance.md v35)
-    "no_tree": [NO_TICKET], "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
+    "no_tree": [NO_TICKET],
+    "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
