@@ -403,8 +403,7 @@ def backward_plan(
 ) -> Plan:
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, K, C, align, (x_stride, dy_stride), bwd=True, max_bytes=program.vec_bytes)
-    spl = program.slabs_per_lane
-    cta_level = 1 if spl == 1 else 2
+    spl, cta_level = program.slabs_per_lane, program.cta_level
     root, nodes = tree_shape(S)
     nb = K + (1 if has_bias else 0)
     n_vec = C // vec if program.flat else 0  # flat: tile_v (node, vector) columns per CTA
@@ -424,8 +423,8 @@ def backward_plan(
         "conv1d_silu_bwd", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
         "long long" if wide else "int", spl, pipe_depth(K), program.flat,
     )
-    block = LANES * tile_v
-    slots = block * nb * vec * accumulator_dtype(dtype).itemsize  # [LANES][NB][tile_c] accumulators
+    block = program.cta_lanes * tile_v
+    slots = LANES * tile_v * nb * vec * accumulator_dtype(dtype).itemsize  # [LANES][NB][tile_c] accumulators
     smem = slots + pipe_bytes(K, 2, block, vec, itemsize)
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off, root, ws_elems, n_tickets, n_vec, fold)
 

@@ -30,10 +30,10 @@ class Program:
     direction: str  # "fwd" or "bwd"
     description: str
     cuda: bool = True  # False: the PyTorch reference (any device)
-    max_tile_vectors: int = 32  # channel vectors per tile (flat backward: columns); threads = LANES * tile vectors
+    max_tile_vectors: int = 32  # channel vectors per tile (flat backward: columns); threads = cta_lanes * tile vectors
     rows_per_lane: int = 32  # forward: tokens one thread walks
     max_fill_rows: int = 0  # flat forward: lanes may grow to this many tokens so the grid fits one wave
-    slabs_per_lane: int = 1  # backward: slabs one thread walks (1: CTA = 8 slabs, 8: CTA = 64 slabs)
+    slabs_per_lane: int = 1  # backward: slabs one thread walks (1, 2, 4: CTA = 8 slabs; 8: CTA = 64 slabs)
     persistent: bool = False  # 1-D grid of a few CTAs per SM, each looping over work units
     vec_bytes: int = 16  # widest access per thread (8: half the registers, twice the threads)
     tile_align_bytes: int = 0  # channel tiles start on multiples of this many bytes (0: balanced tiles)
@@ -43,8 +43,18 @@ class Program:
     # (node, vector) columns of LANES lanes each, one ticket per column
     flat: bool = False
 
+    @property
+    def cta_level(self) -> int:
+        """Backward: the tree level of the nodes a CTA makes (1: lanes of 1, 2 or 4 slabs; 2: of LANES)."""
+        return 2 if self.slabs_per_lane == LANES else 1
 
-LANES = 8  # thread rows per CTA; 8 lanes fold one node of the canonical tree
+    @property
+    def cta_lanes(self) -> int:
+        """Backward: thread rows per CTA (the CTA's LANES slabs, or LANES level-1 nodes, split among them)."""
+        return LANES // self.slabs_per_lane if self.cta_level == 1 else LANES
+
+
+LANES = 8  # slots per CTA column: the 8 children (slabs or level-1 nodes) of one node of the canonical tree
 
 
 PROGRAMS: dict[str, Program] = {
@@ -111,6 +121,18 @@ PROGRAMS: dict[str, Program] = {
             "row groups of 8 slabs, 8-byte accesses, 16 (node, vector) columns per CTA laid flat over the rows: "
             "no idle thread at any C",
             max_tile_vectors=16,
+            vec_bytes=8,
+            flat=True,
+        ),
+        # Lanes of 2 slabs: the once-per-lane work (window, weights, plans, the K-1 tail tokens) spread
+        # over twice the rows, at half the threads (docs/performance.md v36). Lanes of 4 slabs compile
+        # to 146-188 registers (the climb's FOLD_VALUES x FAN loads per thread): no program uses them.
+        Program(
+            "rowgroup_flat2_8b",
+            "bwd",
+            "row groups of 8 slabs (2 per thread), 8-byte accesses, 32 (node, vector) columns per CTA laid flat "
+            "over the rows (128 threads)",
+            slabs_per_lane=2,
             vec_bytes=8,
             flat=True,
         ),

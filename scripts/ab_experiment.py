@@ -118,8 +118,8 @@ class _PaddedDx:
 # 256 consecutive rows at a time, as the one-slab programs' and the forward's CTAs do, where normally
 # they are 256 rows apart. v12 measured it at C = 384 only (no change); ragged C is v22 Next 2.
 FOOTPRINT = [
-    ("    const long long r0 = (node * LANES + lane) * LANE_ROWS;",
-     "    const long long r0 = node * LANES * LANE_ROWS + lane * SLAB;"),
+    ("    const long long r0 = (node * CTA_LANES + lane) * LANE_ROWS;",
+     "    const long long r0 = node * CTA_LANES * LANE_ROWS + lane * SLAB;"),
     ("      auto prefetch_whole = [&](int st) {", "      int fp_turns = 0;\n      auto prefetch_whole = [&](int st) {"),
     ("        async_commit();\n      };\n      auto prefetch = [&](int q) {",
      "        if (++fp_turns % (SLAB / K) == 0) {\n          px += (LANES - 1) * SLAB * x_rs;\n"
@@ -239,7 +239,7 @@ def _node_padded(*args) -> gpu.Plan:
     if not plan.n_vec:
         return plan
     S, program = args[5], args[13]
-    cta_nodes = gpu.tree_shape(S)[1][1 if program.slabs_per_lane == 1 else 2]
+    cta_nodes = gpu.tree_shape(S)[1][program.cta_level]
     n_vec = -(-plan.n_vec // plan.tile_v) * plan.tile_v
     # the plan's tickets are (parents above the CTA's level) x n_vec: scale, don't recount
     return dataclasses.replace(plan, n_vec=n_vec, n_units=cta_nodes * n_vec // plan.tile_v,

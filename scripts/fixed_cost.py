@@ -30,7 +30,7 @@ _plan = gpu.backward_plan
 
 def no_climb_plan(*args, **kw):
     p = _plan(*args, **kw)
-    level = 1 if args[-2].slabs_per_lane == 1 else 2
+    level = args[-2].cta_level
     return dataclasses.replace(p, root=level, ws_elems=0, n_tickets=0)
 
 

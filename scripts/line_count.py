@@ -57,11 +57,11 @@ def backward_requests(program: routes.Program, S: int, C: int) -> float:
         node, v = divmod(unit * tile_v + vl, n_vec) if plan.n_vec else (0, unit * tile_v + vl)
         if v >= n_vec:
             return None
-        return (((node * routes.LANES + lane) * lane_rows + j) * C + v * vec) * ITEMSIZE
+        return (((node * program.cta_lanes + lane) * lane_rows + j) * C + v * vec) * ITEMSIZE
 
     requests = sum(_requests(plan.block, vec * ITEMSIZE, lambda t, j, u=u: address(u, t, j)) for u in range(units))
     nodes = units * tile_v // n_vec if plan.n_vec else 1
-    return requests / (nodes * routes.LANES * PERIOD)
+    return requests / (nodes * program.cta_lanes * PERIOD)
 
 
 def forward_requests(program: routes.Program, S: int, C: int) -> float:

@@ -2,7 +2,7 @@
 
     python scripts/sass_loops.py [--source FILE] [--arch sm_90]
 
-Compiles the bf16, K = 4, 8-byte backward instances (bias on / off, one / eight slabs per lane,
+Compiles the bf16, K = 4, 8-byte backward instances (bias on / off, 1, 2 or 8 slabs per lane,
 tiled / flat) with nvcc (the CUDA 13.0 toolkit, the same compiler generation as the H200 machine's
 NVRTC), disassembles them with cuobjdump (PATH, or the nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm wheels) and prints each instance's registers, instruction count and every
@@ -35,7 +35,7 @@ bf16 = torch.bfloat16
 INSTANCES = {
     f"bias{int(bias)} spl{spl} flat{int(flat)}": kernels.name_expression(
         "conv1d_silu_bwd", bf16, bf16, bf16, 4, 4, bias, SINGLE, False, True, "int", spl, pipe_depth(4), flat)
-    for spl in (1, 8) for bias in (False, True) for flat in (False, True)
+    for spl in (1, 2, 8) for bias in (False, True) for flat in (False, True)
 }
 
 

@@ -94,7 +94,7 @@ def test_fold_launch_gives_the_ticket_climbs_bits(kernel_backend, program, reque
 
     dev = kernel_backend.device
     torch.manual_seed(7)
-    cta_level = 1 if routes.PROGRAMS[program].slabs_per_lane == 1 else 2
+    cta_level = routes.PROGRAMS[program].cta_level
     calls = []
     for S, C in ((3000, 40), (20000, 24)):
         assert gpu.split_fold(gpu.tree_shape(S)[1][cta_level]) == (cta_level == 1 or S == 20000)

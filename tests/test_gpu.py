@@ -146,7 +146,7 @@ def test_captured_fold_launch_replays_with_eager_bits(program):
     w, b = torch.randn(72, 4, device="cuda"), torch.randn(72, device="cuda")
     dy = torch.randn_like(x)
     doc = doc_table(x, None, None, None)
-    cta_level = 1 if routes.PROGRAMS[program].slabs_per_lane == 1 else 2
+    cta_level = routes.PROGRAMS[program].cta_level
     assert gpu.split_fold(gpu.tree_shape(70000)[1][cta_level])
     main_w, main_b = torch.zeros(72, 4, device="cuda"), torch.zeros(72, device="cuda")
 

@@ -9,9 +9,9 @@
 // fixed tree of fan-in FAN (children added in index order, missing children as +0) whose shape
 // depends on S only. Every program computes the same tree, so every program gives the same bits.
 //
-// Geometry: a CTA has LANES x tile_v threads: tile_v columns of LANES lanes. A column is one
-// tree node at level cta_level (1: each lane walks 1 slab; 2: each lane walks FAN slabs, SPL = 8)
-// times one channel vector. Tiled (!FLAT): a work unit is one node times one channel tile of
+// Geometry: a CTA has CTA_LANES x tile_v threads: tile_v columns of CTA_LANES lanes. A column is
+// one tree node at level cta_level (1: each of LANES / SPL lanes walks SPL = 1, 2 or 4 slabs; 2:
+// each of LANES lanes walks FAN slabs, SPL = 8) times one channel vector. Tiled (!FLAT): a work unit is one node times one channel tile of
 // tile_v vectors, and takes one ticket per parent. FLAT (n_vec = vectors per row): units run over
 // the row-major (node, vector) columns, tile_v at a time, so no thread idles whatever C, and
 // each column takes its own ticket. The CTA folds its lanes into the nodes in shared memory,
@@ -64,11 +64,17 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
-  constexpr int CTA_LEVEL = SPL == 1 ? 1 : 2;
-  static_assert(SPL == 1 || SPL == FAN, "a lane walks one slab or one level-1 node");
+  // A lane walks SPL slabs. Below FAN, the CTA's LANES / SPL lanes share one level-1 node and each
+  // slab's partial gets a slot of its own, so the CTA folds the same LANES slab values in the same
+  // order as with lanes of one slab; at FAN each lane folds a whole level-1 node into its slot
+  // (index order) and the CTA's LANES lanes make a level-2 node.
+  static_assert(FAN % SPL == 0, "a lane walks a whole fraction of a level-1 node, or all of it");
+  constexpr int CTA_LEVEL = SPL == FAN ? 2 : 1;
+  constexpr int CTA_LANES = CTA_LEVEL == 1 ? LANES / SPL : LANES;  // thread rows per CTA
+  constexpr int LANE_SLOTS = CTA_LEVEL == 1 ? SPL : 1;              // slots one lane fills
   constexpr long long LANE_ROWS = (long long)SPL * SLAB;
   constexpr long long NODE_SLABS = CTA_LEVEL == 1 ? FAN : FAN * FAN;
-  constexpr int FOLD_VALUES = (NB * VEC + LANES - 1) / LANES;  // (k, c) values per thread in a fold
+  constexpr int FOLD_VALUES = (NB * VEC + CTA_LANES - 1) / CTA_LANES;  // (k, c) values per thread in a fold
 
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* slot = reinterpret_cast<A*>(smem_raw);  // [LANES][NB][tile_v * VEC], then the row pipeline
@@ -110,9 +116,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       col_node[vl] = node;                 // read after the barrier before the fold
       col_c[vl] = c0;
     }
-    const long long r0 = (node * LANES + lane) * LANE_ROWS;
+    const long long r0 = (node * CTA_LANES + lane) * LANE_ROWS;
     const long long r_end = min_<long long>(S, r0 + LANE_ROWS);  // own rows: [r0, r_end)
-    A* my_slot = slot + (lane * NB * tile_c) + vl * VEC;         // + k * tile_c + e
+    A* my_slot = slot + (lane * LANE_SLOTS * NB * tile_c) + vl * VEC;  // + (s NB + k) tile_c + e
 
     A acc[NB][VEC];
 #pragma unroll
@@ -285,13 +291,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
           }
         }
         if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
-          // end of slab j / SLAB: fold it into the lane's level-1 node, in index order (slabs
-          // past S fold their +0 like any other)
+          // end of slab j / SLAB: into its own slot (SPL < FAN), or folded into the lane's level-1
+          // node in index order (SPL = FAN); slabs past S give their +0 like any other
+          A* to = my_slot + (CTA_LEVEL == 1 ? (j / SLAB) * NB * tile_c : 0);
 #pragma unroll
           for (int k = 0; k < NB; ++k)
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              my_slot[k * tile_c + e] = j < SLAB ? acc[k][e] : my_slot[k * tile_c + e] + acc[k][e];
+              to[k * tile_c + e] = CTA_LEVEL == 1 || j < SLAB ? acc[k][e] : to[k * tile_c + e] + acc[k][e];
               acc[k][e] = A(0);
             }
         }
@@ -325,19 +332,22 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       }
     }
 
-    // This lane's value: its slab partial (SPL = 1) or its level-1 node (SPL = 8: already in the
-    // slot, all 8 slabs folded); a lane without rows contributes +0.
+    // This lane's values: its slab partial (SPL = 1); with SPL > 1 its slabs' partials or its
+    // level-1 node, already in the slots. A lane without rows contributes +0 to each of its slots.
     if (c0 < C && (SPL == 1 || r0 >= S)) {
 #pragma unroll
-      for (int k = 0; k < NB; ++k)
+      for (int s = 0; s < LANE_SLOTS; ++s)
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) my_slot[k * tile_c + e] = acc[k][e];
+        for (int k = 0; k < NB; ++k)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) my_slot[(s * NB + k) * tile_c + e] = acc[k][e];
     }
     __syncthreads();
 
-    // Fold the LANES lane values into this CTA's nodes, then climb the tree by tickets. A plan
-    // covers the columns that share a node and a ticket: all of a tiled unit's (plan 0), one
-    // column of a flat unit; value (k, cl) of the tile belongs to plan p at channel col_c[p] + off.
+    // Fold the LANES slot values (slabs or level-1 nodes) into this CTA's nodes, then climb the
+    // tree by tickets. A plan covers the columns that share a node and a ticket: all of a tiled
+    // unit's (plan 0), one column of a flat unit; value (k, cl) of the tile belongs to plan p at
+    // channel col_c[p] + off.
     const int n_vals = NB * tile_c;
     auto plan_of = [&](int cl, int& p, int& off) {
       p = FLAT ? cl / VEC : 0;
