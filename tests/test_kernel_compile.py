@@ -291,9 +291,9 @@ def test_sass_loops_reads_loops_and_names():
     sass = body + "\n        /*0420*/              @P0 BRA 0x100 ;\n        /*0430*/              @!P1 BRA 0x400 ;\n"
     assert sl.loops(sass) == (52, [(0x100, 0x420, 51)])
     mangled = [f"_Z15conv1d_silu_bwdIN3c1s4bf16ES1_S1_Li4ELi4ELb{b}ELi0ELb0ELb1EiLi{s}ELi3ELb{f}EEvPKT_"
-               for b in (0, 1) for s in (1, 8) for f in (0, 1)]
+               for b in (0, 1) for s in (1, 2, 8) for f in (0, 1)]
     found = {expr: [m for m in mangled if sl._matches(m, expr)] for expr in sl.INSTANCES.values()}
-    assert all(len(m) == 1 for m in found.values()) and len({m[0] for m in found.values()}) == 8
+    assert all(len(m) == 1 for m in found.values()) and len({m[0] for m in found.values()}) == 12
 
 
 def test_line_count_model_matches_nsight_counts():

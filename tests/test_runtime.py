@@ -133,6 +133,20 @@ def test_flat_backward_plan_has_a_column_per_node_and_vector(request):
     assert b.fold is None and b.n_tickets == (16 + 2 + 1) * 66  # one per (parent, vector) at levels 2..4
 
 
+def test_two_slab_lanes_share_a_level_one_node():
+    """Lanes of 2 slabs: 4 lanes per column make one level-1 node (8 slab slots, as with one-slab
+    lanes), so the CTA has half the threads of its columns' one-slab lanes and the same tree."""
+    p = routes.PROGRAMS["rowgroup_flat2_8b"]
+    assert (p.cta_level, p.cta_lanes) == (1, 4)
+    assert (routes.PROGRAMS["rowgroup_flat_8b"].cta_lanes, routes.PROGRAMS["rowgroup_long_8b"].cta_level) == (8, 2)
+    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 264, 32768, 264, 264, 16, True, 0, False,
+                          True, p, 1)
+    # 128 level-1 nodes x 66 vectors = 8448 columns, 32 per CTA of 4 x 32 threads
+    assert (a.n_vec, a.tile_v, a.block, a.n_units) == (66, 32, 128, 264)
+    assert (a.fold.n_nodes, a.fold.levels) == (128, 3)
+    slots = 8 * 5 * 32 * 4 * 4  # [LANES][K + bias][32 vectors x 4 channels] fp32 accumulators
+    assert a.smem == slots + gpu.pipe_bytes(4, 2, 128, 4, 2)
+
 def test_tree_shape():
     assert gpu.tree_shape(1) == (2, [1, 1, 1])
     assert gpu.tree_shape(250340) == (5, [7824, 978, 123, 16, 2, 1])  # 32-token slabs, fan-in 8
