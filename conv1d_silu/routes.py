@@ -128,6 +128,13 @@ PROGRAMS: dict[str, Program] = {
         # over twice the rows, at half the threads (docs/performance.md v36). Lanes of 4 slabs compile
         # to 146-188 registers (the climb's FOLD_VALUES x FAN loads per thread): no program uses them.
         Program(
+            "rowgroup2_8b",
+            "bwd",
+            "row groups of 8 slabs (2 per thread), 8-byte accesses, channel tiles of 32 vectors (128 threads)",
+            slabs_per_lane=2,
+            vec_bytes=8,
+        ),
+        Program(
             "rowgroup_flat2_8b",
             "bwd",
             "row groups of 8 slabs (2 per thread), 8-byte accesses, 32 (node, vector) columns per CTA laid flat "
@@ -189,6 +196,7 @@ PROGRAMS: dict[str, Program] = {
 # program, C and S (occupancy, waves), so the tuner picks among them per band.
 ALIGNED_TILES = {
     "fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64),
+    "rowgroup2_8b": (128,),
 }
 PROGRAMS.update(
     (f"{base}_a{a}", replace(
