@@ -40,7 +40,7 @@ class Program:
     routed: bool = True  # False: forced by name and timed by the tuner, but never picked by a route
     # CTAs laid flat over the row-major (lane or node, vector) pairs, so no thread idles at any C:
     # the forward's 256-thread CTAs cover whole rows; the backward's cover max_tile_vectors
-    # (node, vector) columns of LANES lanes each, one ticket per column
+    # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
 
     @property
@@ -54,7 +54,7 @@ class Program:
         return LANES // self.slabs_per_lane if self.cta_level == 1 else LANES
 
 
-LANES = 8  # slots per CTA column: the 8 children (slabs or level-1 nodes) of one node of the canonical tree
+LANES = 8  # a tree node's children (slabs or level-1 nodes): a backward CTA column's slots; the forward's thread rows
 
 
 PROGRAMS: dict[str, Program] = {
