@@ -90,6 +90,19 @@ def _programs(variant: str, only: list[str] | None = None) -> list[str]:
     return [n for n, p in routes.PROGRAMS.items() if p.direction == variant[:3] and (not only or n in only)]
 
 
+def _timed(variant: str, C: int, S: int, K: int, dtype, programs, arch: str | None) -> list[str]:
+    """The programs timed at one point: those asked for (default: every one) and, when only some
+    are asked for, the program the current route picks there, so a program is rated against the
+    incumbent in the same run (runs two days apart differed by up to 6 % at a point: v37 in
+    docs/performance.md)."""
+    names = _programs(variant, programs)
+    if programs and arch:
+        routed = routes.rule_for(arch, variant, C, S, K, routes.dtype_name(dtype)).program
+        if routed not in names:
+            names.append(routed)
+    return names
+
+
 def _compile(item: tuple[str, str]) -> str:
     runtime.function(*item, 0)
     return item[1]
@@ -105,12 +118,13 @@ def precompile(
 
     recorder = _Recorder()
     device = torch.device("cuda")
+    arch = ops._arch(device)
     with ops.use_launcher(recorder):
         for variant in variants:
             for S in Ss:
                 for C in Cs:
                     x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, device, random=False)
-                    for name in _programs(variant, programs):
+                    for name in _timed(variant, C, S, K, dtype, programs, arch):
                         _call(variant, name, x, dy, w, b, doc, grad_dtype)
     todo = sorted(recorder.kernels)
     ctx = multiprocessing.get_context("spawn")
@@ -140,7 +154,7 @@ def _point(variant: str, C: int, S: int, K: int, dtype, timer: Timer, programs) 
     """Every program's time at one (variant, C, S); the inputs die with the call."""
     x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, timer.device)
     times, spread = {}, {}
-    for name in _programs(variant, programs):
+    for name in _timed(variant, C, S, K, dtype, programs, ops._arch(timer.device)):
         call = lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype)  # noqa: E731
         times[name], spread[name] = settled(lambda: timer(call))
     return Measurement(variant, C, S, times, spread)
@@ -198,7 +212,8 @@ def provenance(dumps: list[dict]) -> list[dict]:
             variants = sorted({m["variant"] for m in ms})
             part = {"commit": d["meta"].get("commit"), "date": d["meta"].get("date"), "gpu": d["meta"].get("gpu"),
                     "variants": variants, "S": sorted({m["S"] for m in ms})}
-            timed = {p for m in ms for p in m["times"]}
+            asked = d["meta"].get("programs")  # the routed program timed beside them is not a part's own
+            timed = set(asked) if asked else {p for m in ms for p in m["times"]}
             if timed != {p for v in variants for p in _programs(v)}:
                 part["programs"] = sorted(timed)
             parts.append(part)
@@ -366,7 +381,8 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
         "measured C to the next (the odd single-step bands are real: balanced channel tiles of some C leave part "
-        "of a warp idle); variants not listed here were not measured and use the default. Timed but never routed "
+        "of a warp idle); variants not listed here were not measured and use the default. A run of named programs "
+        "also re-times the program routed at each of its points. Timed but never routed "
         "(`Program.routed`, see conv1d_silu/routes.py for why): "
         + (", ".join(f"`{n}`" for n, p in routes.PROGRAMS.items() if not p.routed) or "none") + ".",
         "",
@@ -391,7 +407,8 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
             default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
             routed = next((r.program for r in rules.get(variant, []) if r.matches(m.C, m.S, 4, "bfloat16")), default)
             best = min(m.times, key=m.times.get)
-            cells = [f"**{m.times[p]:.1f}**" if p == best else f"{m.times[p]:.1f}" for p in programs]
+            cells = [f"**{m.times[p]:.1f}**" if p == best else f"{m.times[p]:.1f}" if p in m.times else ""
+                     for p in programs]
             out.append(f"| {m.S} | {m.C} | " + " | ".join(cells) + f" | {routed} |")
     path.write_text("\n".join(out) + "\n")
     return path
@@ -426,6 +443,8 @@ def main(argv=None) -> None:
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
         meta["arch"] = ops._arch(torch.device("cuda"))
+        if args.programs:
+            meta["programs"] = sorted({p for v in args.variants for p in _programs(v, args.programs)})
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
     rules = choose(ms)

@@ -343,6 +343,20 @@ def test_tuner_times_only_the_programs_asked_for():
     assert _programs("fwd", ["rowgroup", "fwd_rows"]) == ["fwd_rows"]
 
 
+def test_tuner_rates_named_programs_against_the_routed_one_in_the_same_run():
+    # programs timed in runs days apart differ by up to 6 % at a point (docs/performance.md v37)
+    import torch
+
+    from conv1d_silu.routes import rule_for
+    from conv1d_silu.tune import _programs, _timed
+
+    routed = rule_for("sm_90", "bwd_bias", 4096, 1048576).program
+    named = [p for p in _programs("bwd_bias") if p != routed][:2]
+    assert _timed("bwd_bias", 4096, 1048576, 4, torch.bfloat16, named, "sm_90") == [*named, routed]
+    assert _timed("bwd_bias", 4096, 1048576, 4, torch.bfloat16, [routed], "sm_90") == [routed]
+    assert _timed("bwd_bias", 4096, 1048576, 4, torch.bfloat16, None, "sm_90") == _programs("bwd_bias")
+
+
 def test_tuner_resamples_noisy_points_only():
     from conv1d_silu.tune import NOISE_CAP, settled
 
@@ -392,10 +406,15 @@ def test_tuner_times_every_program_at_a_point(kernel_backend):
     from conv1d_silu.bench import Timer
     from conv1d_silu.tune import _point
 
-    timer = Timer(torch.device(kernel_backend.device), reps=3, warmup=1, graph=False)
+    from conv1d_silu import ops
+    from conv1d_silu.routes import rule_for
+
+    device = torch.device(kernel_backend.device)
+    timer = Timer(device, reps=3, warmup=1, graph=False)
     m = _point("bwd_bias", 24, 300, 4, torch.float32, timer, ["rowgroup", "rowgroup_long_8b"])
     assert (m.variant, m.C, m.S) == ("bwd_bias", 24, 300)
-    assert set(m.times) == set(m.spread) == {"rowgroup", "rowgroup_long_8b"}
+    routed = rule_for(ops._arch(device), "bwd_bias", 24, 300, 4, "float32").program  # timed beside them
+    assert set(m.times) == set(m.spread) == {"rowgroup", "rowgroup_long_8b", routed}
     assert all(t > 0 for t in m.times.values())
 
 
