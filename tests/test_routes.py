@@ -403,11 +403,10 @@ def test_tuner_times_every_program_at_a_point(kernel_backend):
     emulator or the GPU: a time and a spread per program asked for."""
     import torch
 
-    from conv1d_silu.bench import Timer
-    from conv1d_silu.tune import _point
-
     from conv1d_silu import ops
+    from conv1d_silu.bench import Timer
     from conv1d_silu.routes import rule_for
+    from conv1d_silu.tune import _point
 
     device = torch.device(kernel_backend.device)
     timer = Timer(device, reps=3, warmup=1, graph=False)

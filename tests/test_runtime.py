@@ -147,6 +147,7 @@ def test_two_slab_lanes_share_a_level_one_node():
     slots = 8 * 5 * 32 * 4 * 4  # [LANES][K + bias][32 vectors x 4 channels] fp32 accumulators
     assert a.smem == slots + gpu.pipe_bytes(4, 2, 128, 4, 2)
 
+
 def test_tree_shape():
     assert gpu.tree_shape(1) == (2, [1, 1, 1])
     assert gpu.tree_shape(250340) == (5, [7824, 978, 123, 16, 2, 1])  # 32-token slabs, fan-in 8
