@@ -126,8 +126,8 @@ PROGRAMS: dict[str, Program] = {
         ),
         # Lanes of 2 slabs: the once-per-lane work (window, weights, plans, the K-1 tail tokens) spread
         # over twice the rows, at half the threads: 4-7 % ahead of one-slab lanes at 32768-131072
-        # tokens on the H200 (docs/performance.md v37). Lanes of 4 slabs compile to 146-188 registers
-        # (the climb's FOLD_VALUES x FAN loads per thread): no program here uses them (v37 "Next").
+        # tokens on the H200 (docs/performance.md v37). Lanes of 4 slabs (branch wip/lane-slabs4, where
+        # the climb's loads are batched to fit 128 registers) never won on the H100 (v38).
         Program(
             "rowgroup2_8b",
             "bwd",

@@ -276,6 +276,15 @@ def test_stream_probe_compiles():
     _compile_nvrtc("stream_probe", probe.NAMES, "sm_90", code=probe.SOURCE)
 
 
+def test_runs_probe_compiles():
+    """scripts/runs_probe.py's bulk-copy forward (docs/performance.md v38) still compiles, every
+    instance it times by default."""
+    if NVRTC is None or 90 not in NVRTC_ARCHS:
+        pytest.skip("needs NVRTC with sm_90")
+    probe = _script("runs_probe")
+    _compile_nvrtc("runs_probe", list(probe.names().values()), "sm_90", code=probe.SOURCE)
+
+
 def test_cta_timeline_patches_still_apply():
     """scripts/cta_timeline.py stamps the kernels' text; every stamp must still find its place."""
     tl = _script("cta_timeline")
