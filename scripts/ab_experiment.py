@@ -144,6 +144,21 @@ def _window_hint(level: str) -> list:
     return [(_PREFETCH_TURNS, hint + _PREFETCH_TURNS)]
 
 
+# Timing only: every CTA returns at once.
+EMPTY_CTAS = ("  for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {",
+              "  for (long long unit = blockIdx.x; unit < n_units && n_units < 0; unit += gridDim.x) {")
+# The fold kernel runs its body once before its griddepcontrol.wait with every global load and store
+# off, then for real, so its code is in the instruction caches when the wait returns (docs/performance.md
+# v40: cold, its first level takes 1.8-5.9 µs after the wait on the H100; branch wip/fold-warm has
+# it in the kernel). "unroll 1": both passes run the same instructions.
+FOLD_WARM = [
+    ("  griddep_wait();\n  const int C = (int)C_, levels", "  const int C = (int)C_, levels"),
+    ("  const bool live = c < C;\n  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n",
+     "  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n#pragma unroll 1\n"
+     "  for (int pass = 0; pass < 2; ++pass) {\n  if (pass) {\n    __syncthreads();\n    griddep_wait();\n  }\n"
+     "  const bool live = pass && c < C;\n"),
+    ("    dst = t;\n  }\n}\n", "    dst = t;\n  }\n  }\n}\n"),
+]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -172,12 +187,24 @@ VARIANTS = {
     # most any way of folding the tree above the CTAs could save (docs/performance.md v35)
     "no_tree": [NO_TICKET],
     "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
+    # Timing only, the short backward's time taken apart (docs/performance.md v40): without the
+    # tree above the CTAs and the CTA's own fold; the bare pattern (no math, no folds); the bare
+    # pattern without the halo rows; CTAs that return at once (what the launch alone costs). Every
+    # name starting with "no_tree", "bare" or "empty" also turns the fold launch off.
+    "no_tree_no_cta_fold": [NO_TICKET] + NO_CTA_FOLD,
+    "bare": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
+    "bare_no_halo": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_TAIL + NO_BEFORE,
+    "empty": [EMPTY_CTAS],
+    "fold_only": [EMPTY_CTAS],  # the same, with the fold launch (folding whatever the workspace holds)
+    "fold_plain": [],  # the fold kernel launched without the programmatic attribute
+    "fold_warm": FOLD_WARM,
 }
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
 _prefetch_rows = gpu.PREFETCH_ROWS
 _fold_max_nodes = gpu.FOLD_MAX_NODES
 _take = gpu._TicketReserve.take
+_programmatic = runtime.programmatic_launches
 
 
 def _no_reserve(self, n: int) -> None:
@@ -204,7 +231,9 @@ def use_variant(name: str) -> None:
     gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
-    gpu.FOLD_MAX_NODES = 0 if name in ("tickets", "no_tree") else _fold_max_nodes
+    no_fold_launch = name == "tickets" or name.startswith(("no_tree", "bare", "empty"))
+    gpu.FOLD_MAX_NODES = 0 if no_fold_launch else _fold_max_nodes
+    runtime.programmatic_launches = (lambda index: False) if name == "fold_plain" else _programmatic
     global _node_pad
     _node_pad = name == "node_pad"
     _plan.cache_clear()
