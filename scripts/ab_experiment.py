@@ -189,8 +189,8 @@ VARIANTS = {
     "no_math_no_ticket_no_fold_footprint": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + FOOTPRINT,
     # Timing only, the short backward's time taken apart (docs/performance.md v40): without the
     # tree above the CTAs and the CTA's own fold; the bare pattern (no math, no folds); the bare
-    # pattern without the halo rows; CTAs that return at once (what the launch alone costs). Every
-    # name starting with "no_tree", "bare" or "empty" also turns the fold launch off.
+    # pattern without the halo rows; CTAs that return at once (what the launch alone costs). Those
+    # in NO_FOLD_LAUNCH also turn the fold launch off.
     "no_tree_no_cta_fold": [NO_TICKET] + NO_CTA_FOLD,
     "bare": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD,
     "bare_no_halo": NO_MATH_BWD + [NO_TICKET] + NO_CTA_FOLD + NO_TAIL + NO_BEFORE,
@@ -202,6 +202,8 @@ VARIANTS = {
     # with fp32 nodes, fp64 ones spill): at 262144 tokens its two batches took 5.4-5.9 µs (H100, v40).
     "fold_batch8": [("FOLD_BATCH = 4;", "FOLD_BATCH = 8;")],
 }
+# Variants run without the fold launch (gpu.FOLD_MAX_NODES = 0): the tickets climb, or nothing folds.
+NO_FOLD_LAUNCH = {"tickets", "no_tree", "no_tree_no_cta_fold", "bare", "bare_no_halo", "empty"}
 DEEP_ROWS = 16  # gpu.PREFETCH_ROWS of the *deep variants (8 otherwise)
 SHALLOW_ROWS = 4  # ... and of "shallow"
 _prefetch_rows = gpu.PREFETCH_ROWS
@@ -234,8 +236,7 @@ def use_variant(name: str) -> None:
     gpu.torch = _PaddedDx() if name == "dx_pad" else torch
     gpu._TicketReserve.take = _no_reserve if name == "memset_tickets" else _take
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
-    no_fold_launch = name == "tickets" or name.startswith(("no_tree", "bare", "empty"))
-    gpu.FOLD_MAX_NODES = 0 if no_fold_launch else _fold_max_nodes
+    gpu.FOLD_MAX_NODES = 0 if name in NO_FOLD_LAUNCH else _fold_max_nodes
     runtime.programmatic_launches = (lambda index: False) if name == "fold_plain" else _programmatic
     global _node_pad
     _node_pad = name == "node_pad"
