@@ -154,9 +154,9 @@ EMPTY_CTAS = ("  for (long long unit = blockIdx.x; unit < n_units; unit += gridD
 FOLD_WARM = [
     ("  griddep_wait();\n  const int C = (int)C_, levels", "  const int C = (int)C_, levels"),
     ("  const bool live = c < C;\n  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n",
-     "  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n#pragma unroll 1\n"
-     "  for (int pass = 0; pass < 2; ++pass) {\n  if (pass) {\n    __syncthreads();\n    griddep_wait();\n  }\n"
-     "  const bool live = pass && c < C;\n"),
+     ("  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n#pragma unroll 1\n"
+      "  for (int pass = 0; pass < 2; ++pass) {\n  if (pass) {\n    __syncthreads();\n    griddep_wait();\n  }\n"
+      "  const bool live = pass && c < C;\n")),
     ("    dst = t;\n  }\n}\n", "    dst = t;\n  }\n  }\n}\n"),
 ]
 # A patch is (old, new) for the backward source or (source, old, new).
