@@ -147,18 +147,9 @@ def _window_hint(level: str) -> list:
 # Timing only: every CTA returns at once.
 EMPTY_CTAS = ("  for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {",
               "  for (long long unit = blockIdx.x; unit < n_units && n_units < 0; unit += gridDim.x) {")
-# The fold kernel runs its body once before its griddepcontrol.wait with every global load and store
-# off, then for real, so its code is in the instruction caches when the wait returns (docs/performance.md
-# v40: cold, its first level takes 1.8-5.9 µs after the wait on the H100; branch wip/fold-warm has
-# it in the kernel). "unroll 1": both passes run the same instructions.
-FOLD_WARM = [
-    ("  griddep_wait();\n  const int C = (int)C_, levels", "  const int C = (int)C_, levels"),
-    ("  const bool live = c < C;\n  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n",
-     ("  const A* ws = static_cast<const A*>(workspace);\n  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);\n#pragma unroll 1\n"
-      "  for (int pass = 0; pass < 2; ++pass) {\n  if (pass) {\n    __syncthreads();\n    griddep_wait();\n  }\n"
-      "  const bool live = pass && c < C;\n")),
-    ("    dst = t;\n  }\n}\n", "    dst = t;\n  }\n  }\n}\n"),
-]
+# The fold kernel as before v41: one pass, cold, after its griddepcontrol.wait (the kernel's pass 0,
+# every global access off before the wait, skipped; an extra __syncthreads stays)
+FOLD_COLD = [("for (int pass = 0; pass < 2; ++pass)", "for (int pass = 1; pass < 2; ++pass)")]
 # A patch is (old, new) for the backward source or (source, old, new).
 VARIANTS = {
     "base": [], "no_chain": [NO_CHAIN], "no_ticket": [NO_TICKET],
@@ -197,7 +188,7 @@ VARIANTS = {
     "empty": [EMPTY_CTAS],
     "fold_only": [EMPTY_CTAS],  # the same, with the fold launch (folding whatever the workspace holds)
     "fold_plain": [],  # the fold kernel launched without the programmatic attribute
-    "fold_warm": FOLD_WARM,
+    "fold_cold": FOLD_COLD,
     # The fold kernel's first level in one batch of loads up to 128 parents (8 per thread; 98 registers
     # with fp32 nodes, fp64 ones spill): at 262144 tokens its two batches took 5.4-5.9 µs (H100, v40).
     "fold_batch8": [("FOLD_BATCH = 4;", "FOLD_BATCH = 8;")],

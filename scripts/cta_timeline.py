@@ -36,14 +36,16 @@ N_FOLD = 1 << 12  # fold CTAs traced (4 words each)
 FOLD_GLOBAL = "__device__ unsigned long long c1s_ftrace[%d];\n" % (4 * N_FOLD)
 FSTAMP = ("if (threadIdx.x == 0 && blockIdx.x < %d) { unsigned long long t_; asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" "
           ": \"=l\"(t_)); c1s_ftrace[4 * blockIdx.x + {slot}] = t_; }\n" % N_FOLD)
-FOLD_WAIT = "  griddep_wait();\n"
-FOLD_LOADED = "  int src = 0, dst = np;\n"  # the first level folded from the workspace
-FOLD_END = "    const int t = src;\n    src = dst;\n    dst = t;\n  }\n"
+FOLD_START = "  const A* ws = static_cast<const A*>(workspace);\n"  # before the warm pass
+FOLD_WAIT = "      griddep_wait();\n"
+FOLD_LOADED = "    int src = 0, dst = np;\n"  # the first level folded (each pass; the real one stamps last)
+FOLD_END = "      const int t = src;\n      src = dst;\n      dst = t;\n    }\n  }\n"
 PATCHES = {
     "conv1d_silu_bwd": [
         ("}  // namespace c1s\n", "}  // namespace c1s\n" + GLOBAL + FOLD_GLOBAL),
         (LOOP, LOOP + STAMP.replace("{slot}", "0") + SMID + "\n"),
-        (FOLD_WAIT, FSTAMP.replace("{slot}", "0") + FOLD_WAIT + FSTAMP.replace("{slot}", "1")),
+        (FOLD_START, FSTAMP.replace("{slot}", "0") + FOLD_START),
+        (FOLD_WAIT, FOLD_WAIT + FSTAMP.replace("{slot}", "1")),
         (FOLD_LOADED, FSTAMP.replace("{slot}", "2") + FOLD_LOADED),
         (FOLD_END, FOLD_END + FSTAMP.replace("{slot}", "3")),
         ("    __syncthreads();\n\n    // Fold the LANES", "    __syncthreads();\n" + STAMP.replace("{slot}", "1")

@@ -455,61 +455,70 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);
-  griddep_wait();
   const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_;
   const int n_ct = (C + FOLD_COLS - 1) / FOLD_COLS;
   const int k = (int)blockIdx.x / n_ct;
   const int tx = (int)threadIdx.x % FOLD_COLS, ty = (int)threadIdx.x / FOLD_COLS;
   const int c = ((int)blockIdx.x - k * n_ct) * FOLD_COLS + tx;
-  const bool live = c < C;
   const A* ws = static_cast<const A*>(workspace);
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
+  // Pass 0 runs the whole fold with every global access predicated off while the backward still
+  // runs, so the real pass finds its instructions and shared memory warm (cold, the first level took
+  // 1.8-5.9 us after the wait on the H100: docs/performance.md v40). "unroll 1": one copy of the body.
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass) {
+      __syncthreads();  // pass 0 is done with the shared memory
+      griddep_wait();
+    }
+    const bool live = pass && c < C;
 
-  long long n = n_nodes;
-  int np = (int)((n + FAN - 1) / FAN);
-  // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
-  // trip per batch
-  for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
-    A ch[FOLD_BATCH][FAN];
+    long long n = n_nodes;
+    int np = (int)((n + FAN - 1) / FAN);
+    // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
+    // trip per batch
+    for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
+      A ch[FOLD_BATCH][FAN];
 #pragma unroll
-    for (int u = 0; u < FOLD_BATCH; ++u)
+      for (int u = 0; u < FOLD_BATCH; ++u)
 #pragma unroll
-      for (int j = 0; j < FAN; ++j) {
-        const long long child = (long long)(p0 + u * FOLD_ROWS) * FAN + j;
-        ch[u][j] = live && child < n ? __ldcg(&ws[(child * NB + k) * C + c]) : A(0);
-      }
+        for (int j = 0; j < FAN; ++j) {
+          const long long child = (long long)(p0 + u * FOLD_ROWS) * FAN + j;
+          ch[u][j] = live && child < n ? __ldcg(&ws[(child * NB + k) * C + c]) : A(0);
+        }
 #pragma unroll
-    for (int u = 0; u < FOLD_BATCH; ++u) {
-      const int p = p0 + u * FOLD_ROWS;
-      if (p >= np) break;
-      A v = ch[u][0];
+      for (int u = 0; u < FOLD_BATCH; ++u) {
+        const int p = p0 + u * FOLD_ROWS;
+        if (p >= np) break;
+        A v = ch[u][0];
 #pragma unroll
-      for (int j = 1; j < FAN; ++j) v += ch[u][j];
-      if (levels > 1) {
-        buf[p * FOLD_COLS + tx] = v;
-      } else if (live) {
-        write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
-      }
-    }
-  }
-  int src = 0, dst = np;
-  for (int l = 1; l < levels; ++l) {
-    __syncthreads();  // the level below is written
-    const int m = np;
-    np = (np + FAN - 1) / FAN;
-    for (int p = ty; p < np; p += FOLD_ROWS) {
-      A v = buf[(src + p * FAN) * FOLD_COLS + tx];
-#pragma unroll
-      for (int j = 1; j < FAN; ++j) v += p * FAN + j < m ? buf[(src + p * FAN + j) * FOLD_COLS + tx] : A(0);
-      if (l + 1 < levels) {
-        buf[(dst + p) * FOLD_COLS + tx] = v;
-      } else if (live) {
-        write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        for (int j = 1; j < FAN; ++j) v += ch[u][j];
+        if (levels > 1) {
+          buf[p * FOLD_COLS + tx] = v;
+        } else if (live) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        }
       }
     }
-    const int t = src;
-    src = dst;
-    dst = t;
+    int src = 0, dst = np;
+    for (int l = 1; l < levels; ++l) {
+      __syncthreads();  // the level below is written
+      const int m = np;
+      np = (np + FAN - 1) / FAN;
+      for (int p = ty; p < np; p += FOLD_ROWS) {
+        A v = buf[(src + p * FAN) * FOLD_COLS + tx];
+#pragma unroll
+        for (int j = 1; j < FAN; ++j) v += p * FAN + j < m ? buf[(src + p * FAN + j) * FOLD_COLS + tx] : A(0);
+        if (l + 1 < levels) {
+          buf[(dst + p) * FOLD_COLS + tx] = v;
+        } else if (live) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        }
+      }
+      const int t = src;
+      src = dst;
+      dst = t;
+    }
   }
 }
