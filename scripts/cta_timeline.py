@@ -37,7 +37,8 @@ FOLD_GLOBAL = "__device__ unsigned long long c1s_ftrace[%d];\n" % (4 * N_FOLD)
 FSTAMP = ("if (threadIdx.x == 0 && blockIdx.x < %d) { unsigned long long t_; asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" "
           ": \"=l\"(t_)); c1s_ftrace[4 * blockIdx.x + {slot}] = t_; }\n" % N_FOLD)
 FOLD_START = "  const A* ws = static_cast<const A*>(workspace);\n"  # before the warm pass
-FOLD_WAIT = "      griddep_wait();\n"
+# the wait's return (with gpu.FOLD_EARLY, which skips it: the real pass's start)
+FOLD_WAIT = "      if (!counters) griddep_wait();  // else each parent waits for its own children below\n"
 FOLD_LOADED = "    int src = 0, dst = np;\n"  # the first level folded (each pass; the real one stamps last)
 FOLD_END = "      const int t = src;\n      src = dst;\n      dst = t;\n    }\n  }\n"
 PATCHES = {

@@ -14,7 +14,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
-from conv1d_silu import causal_conv1d_silu, routes  # noqa: E402
+from conv1d_silu import causal_conv1d_silu, gpu, routes  # noqa: E402
 from helpers import api_kwargs, assert_close, make_case, naive_grads  # noqa: E402
 
 # Every CUDA program once: a forward program name forces the forward, the backward then routes.
@@ -34,13 +34,25 @@ CASES = [
 
 
 def main() -> int:
+    n = run(CASES)
+    # the fold case again with the early fold's per-parent counters (gpu.FOLD_EARLY), every backward program
+    gpu.FOLD_EARLY = True
+    gpu.backward_plan.cache_clear()
+    n += run(CASES[-1:], [p for p in PROGRAMS if routes.PROGRAMS[p].direction == "bwd"])
+    torch.cuda.synchronize()
+    print(f"sanitize_cases: {n} forward+backward runs checked")
+    return 0
+
+
+def run(cases: list[dict], programs: list[str] = PROGRAMS) -> int:
+    """Forward + backward of every case with every program, checked against the reference."""
     n = 0
-    for i, spec in enumerate(CASES):
+    for i, spec in enumerate(cases):
         spec = dict(spec)
         dtype = spec.pop("dtype")
         case = make_case(**spec, dtype=dtype, device="cuda", seed=i)
         final = case["n_docs"] is not None and "initial_states" in case
-        for program in PROGRAMS:
+        for program in programs:
             x = case["x"].detach().requires_grad_()
             w = case["weight"].detach().requires_grad_()
             b = case["bias"].detach().requires_grad_() if case["bias"] is not None else None
@@ -53,10 +65,12 @@ def main() -> int:
             ref = naive_grads(case, dy, dfin)
             assert_close(y, ref[0], dtype, f"case {i} {program} y")
             assert_close(x.grad, ref[2], dtype, f"case {i} {program} dx")
+            for name, g, r in (("dweight", w.grad, ref[3]), ("dbias", None if b is None else b.grad, ref[4])):
+                if r is not None:  # the tree's sums: tests/test_conv1d_silu.py's tolerances
+                    assert_close(g, r.reshape(g.shape), torch.float32 if g.dtype == torch.float32 and dtype != torch.float64
+                                 else g.dtype, f"case {i} {program} {name}")
             n += 1
-    torch.cuda.synchronize()
-    print(f"sanitize_cases: {n} forward+backward runs checked")
-    return 0
+    return n
 
 
 if __name__ == "__main__":

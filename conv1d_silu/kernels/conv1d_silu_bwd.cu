@@ -371,6 +371,26 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         ws[ws_off + (col_node[p] * NB + k) * C + c] = v;
       }
     }
+    if (split_ > 1) {
+      // The early fold: per parent, the count of this unit's columns it holds, released by thread
+      // 0 once the CTA's nodes are written. Columns run in (node, vector) order, so each parent's
+      // are one run; a tiled unit is one column (its channel tile).
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        long long parent = -1;
+        unsigned int run = 0;
+        for (int g = 0; g < (FLAT ? tile_v : 1); ++g) {
+          if (col_c[g] >= C) continue;
+          if (col_node[g] / FAN != parent) {
+            if (run) count_release(&tickets[parent], run);
+            parent = col_node[g] / FAN;
+            run = 0;
+          }
+          ++run;
+        }
+        if (run) count_release(&tickets[parent], run);
+      }
+    }
     // One ticket per (parent, channel tile), or per (parent, vector) when flat, taken by the
     // plan's thread after a __syncthreads: its release publishes the CTA's node writes. The plans
     // whose parent this CTA folds (their children have all arrived) note where the children are
@@ -451,11 +471,12 @@ constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: c
 template <typename T, typename TG, int K, bool HAS_BIAS>
 __global__ void __launch_bounds__(512) conv1d_silu_fold(
     const void* __restrict__ workspace, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
-    long long C_, long long n_nodes, long long levels_) {
+    long long C_, long long n_nodes, long long levels_, unsigned int* __restrict__ counters,
+    long long per_child_) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);
-  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_;
+  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_, per_child = (int)per_child_;
   const int n_ct = (C + FOLD_COLS - 1) / FOLD_COLS;
   const int k = (int)blockIdx.x / n_ct;
   const int tx = (int)threadIdx.x % FOLD_COLS, ty = (int)threadIdx.x / FOLD_COLS;
@@ -470,7 +491,7 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
   for (int pass = 0; pass < 2; ++pass) {
     if (pass) {
       __syncthreads();  // pass 0 is done with the shared memory
-      griddep_wait();
+      if (!counters) griddep_wait();  // else each parent waits for its own children below
     }
     const bool live = pass && c < C;
 
@@ -479,6 +500,13 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
     // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
     // trip per batch
     for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
+      if (counters && live) {
+#pragma unroll
+        for (int u = 0; u < FOLD_BATCH; ++u) {
+          const long long p = p0 + u * FOLD_ROWS;
+          if (p < np) count_wait(&counters[p], (unsigned int)(min_<long long>(FAN, n - p * FAN) * per_child));
+        }
+      }
       A ch[FOLD_BATCH][FAN];
 #pragma unroll
       for (int u = 0; u < FOLD_BATCH; ++u)
@@ -520,5 +548,15 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
       src = dst;
       dst = t;
     }
+  }
+  if (counters) {
+    // Every thread of this CTA is past its polls: the last CTA to get here zeroes the counters for
+    // the next launch on the stream (gpu.backward_scratch); then the stream's order: the fold ends
+    // after the backward.
+    const int np = (int)((n_nodes + FAN - 1) / FAN);
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(&counters[np], 1u) + 1 == gridDim.x)
+      for (int i = 0; i <= np; ++i) counters[i] = 0;
+    griddep_wait();
   }
 }
