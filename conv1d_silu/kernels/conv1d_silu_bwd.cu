@@ -379,11 +379,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
       if (threadIdx.x == 0) {
         long long parent = -1;
         unsigned int run = 0;
+#pragma unroll 1
         for (int g = 0; g < (FLAT ? tile_v : 1); ++g) {
           if (col_c[g] >= C) continue;
-          if (col_node[g] / FAN != parent) {
+          if (col_node[g] >> 3 != parent) {  // FAN = 8
             if (run) count_release(&tickets[parent], run);
-            parent = col_node[g] / FAN;
+            parent = col_node[g] >> 3;
             run = 0;
           }
           ++run;
