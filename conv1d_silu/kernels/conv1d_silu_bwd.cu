@@ -19,7 +19,8 @@
 // children to arrive folds the parent, and so on up to the root, which is written as
 // dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
 // is ever summed atomically. With split_ the CTAs only write their nodes, and conv1d_silu_fold,
-// launched next, folds the levels above (no ticket, no fence in this kernel).
+// launched next, folds the levels above (no ticket, no fence in this kernel); split_ = 2 (the
+// early fold, gpu.FOLD_EARLY) also releases a count per parent for the fold to poll.
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
@@ -467,7 +468,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 // FOLD_COLS channels of one reduced row k; the first level reads the CTAs' nodes from the
 // workspace (every load of a parent before its adds), the levels above stay in shared memory
 // (rows [0, np) and [np, np + np / FAN), used in turn). Launched programmatically after the
-// backward, it may be resident before the backward ends and waits for its writes first.
+// backward, it may be resident before the backward ends and waits for its writes first: all of
+// them (griddepcontrol.wait), or with counters (the early fold) each parent's children only.
 constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: channels x parents
 template <typename T, typename TG, int K, bool HAS_BIAS>
 __global__ void __launch_bounds__(512) conv1d_silu_fold(
