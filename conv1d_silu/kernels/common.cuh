@@ -229,15 +229,19 @@ inline unsigned int ticket_add(unsigned int* p) { return atomicAdd(p, 1u); }
 // SM slot that a backward CTA still needs.
 #ifndef CONV1D_SILU_EMULATE
 C1S_FN void count_release(unsigned int* p, unsigned int n) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(n) : "memory");
+  asm volatile("red.release.gpu.add.u32 [%0], %1;" ::"l"(p), "r"(n) : "memory");
 }
+// The polls are relaxed: an acquire load invalidates the SM's L1 (CCTL.IVALL), which the backward's
+// CTAs on the same SM read through, so only the load that sees the target acquires (all the adds
+// are one release sequence, so it synchronises with every CTA's release).
 C1S_FN void count_wait(const unsigned int* p, unsigned int target) {
+  unsigned int v;
   for (;;) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    if (v >= target) return;
+    asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    if (v >= target) break;
     asm volatile("nanosleep.u32 64;");  // (PTX: no runtime header needed under NVRTC)
   }
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
 }
 #else
 inline void count_release(unsigned int* p, unsigned int n) { atomicAdd(p, n); }

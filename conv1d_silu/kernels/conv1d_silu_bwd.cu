@@ -471,6 +471,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 // backward, it may be resident before the backward ends and waits for its writes first: all of
 // them (griddepcontrol.wait), or with counters (the early fold) each parent's children only.
 constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: channels x parents
+static_assert(FOLD_COLS == 32, "a warp is one row of parents (the early fold's polls)");
 template <typename T, typename TG, int K, bool HAS_BIAS>
 __global__ void __launch_bounds__(512) conv1d_silu_fold(
     const void* __restrict__ workspace, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
@@ -503,12 +504,18 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
     // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
     // trip per batch
     for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
-      if (counters && live) {
+      if (counters && pass) {
+        // A warp is one row ty of FOLD_COLS = 32 channels: lane 0 (live whenever any lane is) waits
+        // for the batch's parents, and the warp barrier orders its acquires before every lane's
+        // loads of the children (one L1-invalidating acquire per warp and parent, not per thread).
+        if (tx == 0 && live) {
 #pragma unroll
-        for (int u = 0; u < FOLD_BATCH; ++u) {
-          const long long p = p0 + u * FOLD_ROWS;
-          if (p < np) count_wait(&counters[p], (unsigned int)(min_<long long>(FAN, n - p * FAN) * per_child));
+          for (int u = 0; u < FOLD_BATCH; ++u) {
+            const long long p = p0 + u * FOLD_ROWS;
+            if (p < np) count_wait(&counters[p], (unsigned int)(min_<long long>(FAN, n - p * FAN) * per_child));
+          }
         }
+        __syncwarp();
       }
       A ch[FOLD_BATCH][FAN];
 #pragma unroll

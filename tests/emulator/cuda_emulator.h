@@ -191,6 +191,7 @@ inline int __syncthreads_or(int predicate) {
   return s.vote[g];
 }
 inline void __threadfence() {}
+inline void __syncwarp(unsigned int = 0xffffffffu) {}  // fibers never run at once
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
   const unsigned int old = *p;
   *p = old + v;
