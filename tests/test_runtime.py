@@ -90,7 +90,7 @@ def test_plans_are_cached_pure_functions():
 
 def test_early_fold_plan_and_launches(early_fold):
     """gpu.FOLD_EARLY: the fold gets a counter per first-level parent and one for its CTAs (the
-    tickets' buffer, which the fold only reads through), the backward split_ = 2."""
+    tickets' buffer: the backward adds, the fold polls and zeroes), the backward split_ = 2."""
     from emulator import EmulatorLauncher
 
     from conv1d_silu.documents import doc_table
