@@ -488,6 +488,8 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
   const A* ws = static_cast<const A*>(workspace);
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
+  const long long n = n_nodes;
+  const int parents = (int)((n + FAN - 1) / FAN);  // at the first level
   // Pass 0 runs the whole fold with every global access predicated off while the backward still
   // runs, so the real pass finds its instructions and shared memory warm (cold, the first level took
   // 1.8-5.9 us after the wait on the H100: docs/performance.md v40). "unroll 1": one copy of the body.
@@ -499,8 +501,7 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
     }
     const bool live = pass && c < C;
 
-    long long n = n_nodes;
-    int np = (int)((n + FAN - 1) / FAN);
+    int np = parents;
     // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
     // trip per batch
     for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
@@ -563,10 +564,9 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
     // Every thread of this CTA is past its polls: the last CTA to get here zeroes the counters for
     // the next launch on the stream (gpu.backward_scratch); then the stream's order: the fold ends
     // after the backward.
-    const int np = (int)((n_nodes + FAN - 1) / FAN);
     __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(&counters[np], 1u) + 1 == gridDim.x)
-      for (int i = 0; i <= np; ++i) counters[i] = 0;
+    if (threadIdx.x == 0 && atomicAdd(&counters[parents], 1u) + 1 == gridDim.x)
+      for (int i = 0; i <= parents; ++i) counters[i] = 0;
     griddep_wait();
   }
 }
