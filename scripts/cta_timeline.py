@@ -6,6 +6,8 @@ end. One cold-L2 launch per (program, shape), bf16, K = 4, bias.
 
     PROGS="rowgroup_long_8b fwd_rows_8b" python3 scripts/cta_timeline.py S:C ...
 
+FOLD_EARLY=1 traces the early fold (gpu.FOLD_EARLY); FOLD_EARLY=0 the fold after the whole backward.
+
 Prints one JSON line per case: the span, unit durations (quantiles), how long the machine runs with
 fewer than half / 90 % of its slots busy, and the spread of work between SMs.
 """
@@ -21,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import kernels, ops, routes, runtime  # noqa: E402
+from conv1d_silu import gpu, kernels, ops, routes, runtime  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
 _source = kernels.source.__wrapped__
@@ -140,6 +142,8 @@ def analyse(tr: torch.Tensor, n_sm: int, ft: torch.Tensor | None = None) -> dict
 
 def main(shapes: list[str]) -> None:
     kernels.source = patched
+    if "FOLD_EARLY" in os.environ:
+        gpu.FOLD_EARLY = os.environ["FOLD_EARLY"] == "1"
     _record_modules()
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
