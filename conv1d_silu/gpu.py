@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -154,7 +154,6 @@ class FoldPlan:
     smem: int
     n_nodes: int
     levels: int
-    per_child: int = 0  # FOLD_EARLY: counter columns per child node (0: the fold waits for the whole backward)
 
 
 FOLD_COLS, FOLD_ROWS = 32, 16  # conv1d_silu_fold's CTA: channels x parents at a time
@@ -164,10 +163,6 @@ FOLD_COLS, FOLD_ROWS = 32, 16  # conv1d_silu_fold's CTA: channels x parents at a
 # walks many parents; at 1024 the two ways were even): 2-9 % off the backward at 32768-196608 tokens
 # on the H100, with no ticket and no fence in the backward (docs/performance.md v32).
 FOLD_MAX_NODES = 1024
-# With FOLD_EARLY the fold kernel folds each first-level parent as soon as its children are written
-# (a counter per parent that the backward's CTAs release) instead of after the whole backward. Off
-# until its GPU proof and timing (docs/performance.md v41).
-FOLD_EARLY = False
 
 
 def split_fold(n_nodes: int) -> bool:
@@ -418,14 +413,10 @@ def backward_plan(
     fold = None
     if split_fold(nodes[cta_level]):
         fold = fold_plan(dtype, gdtype, K, C, has_bias, nodes[cta_level], root - cta_level)
-        if FOLD_EARLY:  # a counter per first-level parent, and one for the fold's CTAs
-            fold = replace(fold, per_child=n_vec or n_ctiles)
     climb_to = cta_level + 1 if fold else root  # workspace levels: [cta_level, climb_to)
     ws_elems = sum(nodes[level] for level in range(cta_level, climb_to)) * nb * C
-    if fold:
-        n_tickets = nodes[cta_level + 1] + 1 if fold.per_child else 0
-    else:
-        n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * (n_vec or n_ctiles)
+    tickets_per_parent = 0 if fold else n_vec or n_ctiles
+    n_tickets = sum(nodes[level] for level in range(cta_level + 1, root + 1)) * tickets_per_parent
     max_off = max(_max_offset(S, C, [x_stride, dy_stride], n_docs, K), ws_elems)
     wide = max_off >= 2**31
     kernel = kernels.name_expression(
@@ -499,7 +490,7 @@ def backward(
             x, x_stride, dy, dy_stride, dense(weight), dense(bias),
             _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
             S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
-            0 if next_x is None else next_x.shape[0], plan.n_vec, 0 if plan.fold is None else 1 + (plan.fold.per_child > 0),
+            0 if next_x is None else next_x.shape[0], plan.n_vec, int(plan.fold is not None),
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
@@ -514,8 +505,7 @@ def backward(
         f = plan.fold
         launcher(
             Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem,
-                   (workspace, dw, db, int(accumulate), C, f.n_nodes, f.levels, tickets if f.per_child else None,
-                    f.per_child), programmatic=True),
+                   (workspace, dw, db, int(accumulate), C, f.n_nodes, f.levels), programmatic=True),
             x.device,
         )
     return dx, dw, db, dinit

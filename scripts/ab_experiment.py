@@ -192,9 +192,6 @@ VARIANTS = {
     # The fold kernel's first level in one batch of loads up to 128 parents (8 per thread; 98 registers
     # with fp32 nodes, fp64 ones spill): at 262144 tokens its two batches took 5.4-5.9 µs (H100, v40).
     "fold_batch8": [("FOLD_BATCH = 4;", "FOLD_BATCH = 8;")],
-    # gpu.FOLD_EARLY: the fold kernel folds each first-level parent once its children are written
-    # (per-parent counters released by the backward's CTAs) instead of after griddepcontrol.wait
-    "fold_early": [],
 }
 # Variants run without the fold launch (gpu.FOLD_MAX_NODES = 0): the tickets climb, or nothing folds.
 NO_FOLD_LAUNCH = {"tickets", "no_tree", "no_tree_no_cta_fold", "bare", "bare_no_halo", "empty"}
@@ -232,7 +229,6 @@ def use_variant(name: str) -> None:
     gpu.PREFETCH_ROWS = DEEP_ROWS if name.endswith("deep") else SHALLOW_ROWS if name == "shallow" else _prefetch_rows
     gpu.FOLD_MAX_NODES = 0 if name in NO_FOLD_LAUNCH else _fold_max_nodes
     runtime.programmatic_launches = (lambda index: False) if name == "fold_plain" else _programmatic
-    gpu.FOLD_EARLY = name == "fold_early"
     global _node_pad
     _node_pad = name == "node_pad"
     _plan.cache_clear()

@@ -6,8 +6,6 @@ end. One cold-L2 launch per (program, shape), bf16, K = 4, bias.
 
     PROGS="rowgroup_long_8b fwd_rows_8b" python3 scripts/cta_timeline.py S:C ...
 
-FOLD_EARLY=1 traces the early fold (gpu.FOLD_EARLY); FOLD_EARLY=0 the fold after the whole backward.
-
 Prints one JSON line per case: the span, unit durations (quantiles), how long the machine runs with
 fewer than half / 90 % of its slots busy, and the spread of work between SMs.
 """
@@ -23,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import gpu, kernels, ops, routes, runtime  # noqa: E402
+from conv1d_silu import kernels, ops, routes, runtime  # noqa: E402
 from conv1d_silu.tune import _setup  # noqa: E402
 
 _source = kernels.source.__wrapped__
@@ -39,8 +37,7 @@ FOLD_GLOBAL = "__device__ unsigned long long c1s_ftrace[%d];\n" % (4 * N_FOLD)
 FSTAMP = ("if (threadIdx.x == 0 && blockIdx.x < %d) { unsigned long long t_; asm volatile(\"mov.u64 %%0, %%%%globaltimer;\" "
           ": \"=l\"(t_)); c1s_ftrace[4 * blockIdx.x + {slot}] = t_; }\n" % N_FOLD)
 FOLD_START = "  const A* ws = static_cast<const A*>(workspace);\n"  # before the warm pass
-# the wait's return (with gpu.FOLD_EARLY, which skips it: the real pass's start)
-FOLD_WAIT = "      if (!counters) griddep_wait();  // else each parent waits for its own children below\n"
+FOLD_WAIT = "      griddep_wait();\n"
 FOLD_LOADED = "    int src = 0, dst = np;\n"  # the first level folded (each pass; the real one stamps last)
 FOLD_END = "      const int t = src;\n      src = dst;\n      dst = t;\n    }\n  }\n"
 PATCHES = {
@@ -142,8 +139,6 @@ def analyse(tr: torch.Tensor, n_sm: int, ft: torch.Tensor | None = None) -> dict
 
 def main(shapes: list[str]) -> None:
     kernels.source = patched
-    if "FOLD_EARLY" in os.environ:
-        gpu.FOLD_EARLY = os.environ["FOLD_EARLY"] == "1"
     _record_modules()
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count

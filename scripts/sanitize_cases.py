@@ -8,14 +8,13 @@ memory). Also checks the results against the reference, so a run that is clean b
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
-from conv1d_silu import causal_conv1d_silu, gpu, routes  # noqa: E402
+from conv1d_silu import causal_conv1d_silu, routes  # noqa: E402
 from helpers import api_kwargs, assert_close, make_case, naive_grads  # noqa: E402
 
 # Every CUDA program once: a forward program name forces the forward, the backward then routes.
@@ -35,26 +34,13 @@ CASES = [
 
 
 def main() -> int:
-    n = run(range(len(CASES)), PROGRAMS)
-    # the fold case again with the early fold's per-parent counters (gpu.FOLD_EARLY), every backward program
-    gpu.FOLD_EARLY = True
-    gpu.backward_plan.cache_clear()
-    n += run([len(CASES) - 1], [p for p in PROGRAMS if routes.PROGRAMS[p].direction == "bwd"])
-    torch.cuda.synchronize()
-    print(f"sanitize_cases: {n} forward+backward runs checked")
-    return 0
-
-
-def run(cases: Iterable[int], programs: list[str]) -> int:
-    """Forward + backward of these CASES (by index: each keeps its seed) with every program, checked
-    against the reference."""
     n = 0
-    for i in cases:
-        spec = dict(CASES[i])
+    for i, spec in enumerate(CASES):
+        spec = dict(spec)
         dtype = spec.pop("dtype")
         case = make_case(**spec, dtype=dtype, device="cuda", seed=i)
         final = case["n_docs"] is not None and "initial_states" in case
-        for program in programs:
+        for program in PROGRAMS:
             x = case["x"].detach().requires_grad_()
             w = case["weight"].detach().requires_grad_()
             b = case["bias"].detach().requires_grad_() if case["bias"] is not None else None
@@ -72,7 +58,9 @@ def run(cases: Iterable[int], programs: list[str]) -> int:
                     assert_close(g, r.reshape(g.shape), torch.float32 if g.dtype == torch.float32 and dtype != torch.float64
                                  else g.dtype, f"case {i} {program} {name}")
             n += 1
-    return n
+    torch.cuda.synchronize()
+    print(f"sanitize_cases: {n} forward+backward runs checked")
+    return 0
 
 
 if __name__ == "__main__":

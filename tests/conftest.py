@@ -109,15 +109,3 @@ def ticket_climb(monkeypatch):
     yield
     monkeypatch.undo()
     gpu.backward_plan.cache_clear()
-
-
-@pytest.fixture
-def early_fold(monkeypatch):
-    """The fold kernel folds each parent as its children arrive (gpu.FOLD_EARLY: per-parent counters)."""
-    from conv1d_silu import gpu
-
-    monkeypatch.setattr(gpu, "FOLD_EARLY", True)
-    gpu.backward_plan.cache_clear()
-    yield
-    monkeypatch.undo()
-    gpu.backward_plan.cache_clear()

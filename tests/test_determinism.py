@@ -127,31 +127,6 @@ def test_fold_launch_gives_the_ticket_climbs_bits(kernel_backend, program, reque
             assert torch.equal(a, c), program
 
 
-@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_flat_8b", "rowgroup_flat2_8b", "rowgroup_long_8b", "rowgroup_sm"])
-def test_early_fold_gives_the_same_bits_and_leaves_its_counters_at_zero(kernel_backend, program, request):
-    """gpu.FOLD_EARLY: the backward's CTAs release a count per parent and the fold kernel folds each
-    parent once its children are in. The same bits as the fold after the whole backward, fp32
-    main-grad accumulation included, and every launch leaves the counters at zero for the next
-    one on the stream (two rounds on one reused buffer). C = 8: a flat unit's 32 columns span
-    several nodes and parents."""
-    from conv1d_silu import gpu
-
-    torch.manual_seed(11)
-    shapes = ((3000, 40), (20000, 24), (9000, 8))
-    cta_level = routes.PROGRAMS[program].cta_level
-    assert any(gpu.split_fold(gpu.tree_shape(S)[1][cta_level]) for S, _ in shapes), program
-    calls = _backward_calls(kernel_backend.device, program, shapes)
-    want = [call() for call in calls]
-    request.getfixturevalue("early_fold")
-    gpu._scratch.clear()
-    for _ in range(2):
-        for call, ref in zip(calls, want):
-            for a, c in zip(call(), ref):
-                assert torch.equal(a, c), program
-    bufs = [b for k, b in gpu._scratch.items() if k[0] == "tickets"]
-    assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), program
-
-
 def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """fp32 fused multiply-add, exactly: a * b + c in float64 is exact for these operands (at most
     12-bit mantissas, magnitudes within 2^25 of each other), so one rounding to float32 is the FMA's."""

@@ -153,13 +153,11 @@ def test_ab_experiment_patches_still_apply():
 
 def test_ab_experiment_host_variants(monkeypatch):
     """The host-side variants change what they claim (and only while selected): the deeper row
-    pipeline of *deep, no ticket reserve under memset_tickets, no fold launch under no_tree, the
-    early fold under fold_early."""
+    pipeline of *deep, no ticket reserve under memset_tickets, no fold launch under no_tree."""
     from conv1d_silu import gpu, runtime
 
     ab = _script("ab_experiment")
-    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"), (gpu, "FOLD_MAX_NODES"),
-                      (gpu, "FOLD_EARLY")):
+    for obj, attr in ((kernels, "source"), (gpu._TicketReserve, "take"), (gpu, "PREFETCH_ROWS"), (gpu, "FOLD_MAX_NODES")):
         monkeypatch.setattr(obj, attr, getattr(obj, attr))  # restored after the test
     monkeypatch.setattr(runtime, "_functions", {})
     monkeypatch.setattr(runtime, "_smem_ready", {})
@@ -174,10 +172,8 @@ def test_ab_experiment_host_variants(monkeypatch):
     fold_max = gpu.FOLD_MAX_NODES
     ab.use_variant("no_tree")  # neither the fold launch nor the tickets' climb
     assert gpu.FOLD_MAX_NODES == 0 and "level < climb_to && level < 0" in kernels.source("conv1d_silu_bwd")
-    ab.use_variant("fold_early")
-    assert gpu.FOLD_EARLY and gpu.FOLD_MAX_NODES == fold_max
     ab.use_variant("window_l1")
-    assert gpu.FOLD_MAX_NODES == fold_max and not gpu.FOLD_EARLY and "prefetch.global.L1" in kernels.source("conv1d_silu_bwd")
+    assert gpu.FOLD_MAX_NODES == fold_max and "prefetch.global.L1" in kernels.source("conv1d_silu_bwd")
     ab.use_variant("base")
     assert pipe_depth(4) == base_depth and reserve.take(1) is not None
     gpu.backward_plan.cache_clear()

@@ -88,29 +88,6 @@ def test_plans_are_cached_pure_functions():
     assert c.fold is None and c.ws_elems == (4096 + 512 + 64 + 8) * 5 * 384 and c.n_tickets == (512 + 64 + 8 + 1) * 2
 
 
-def test_early_fold_plan_and_launches(early_fold):
-    """gpu.FOLD_EARLY: the fold gets a counter per first-level parent and one for its CTAs (the
-    tickets' buffer: the backward adds, the fold polls and zeroes), the backward split_ = 2."""
-    from emulator import EmulatorLauncher
-
-    from conv1d_silu.documents import doc_table
-
-    p = routes.PROGRAMS["rowgroup"]
-    a = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True, p, 1)
-    assert a.fold.per_child == a.n_ctiles == 2 and a.n_tickets == 123 + 1  # 978 nodes, 123 parents
-    flat = gpu.backward_plan(torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 384, 250340, 384, 384, 16, True, 0, False, True,
-                             routes.PROGRAMS["rowgroup_flat2_8b"], 1)
-    assert flat.fold.per_child == flat.n_vec == 96  # a flat unit counts its (node, vector) columns
-    rec = EmulatorLauncher()
-    x = torch.randn(5000, 8)
-    gpu.backward(torch.randn_like(x), 8, x, 8, torch.randn(8, 4), None, doc_table(x, None, None, None), None, True,
-                 torch.float32, p, launcher=rec)
-    bwd, fold = rec.launches
-    tickets = bwd.args[16]
-    assert bwd.args[-1] == 2 and tickets.numel() == 3 + 1  # 20 nodes, 3 parents
-    assert fold.args[7] is tickets and fold.args[8] == 1
-
-
 def test_flat_forward_plan_covers_whole_rows_with_every_thread():
     flat, tiled = routes.PROGRAMS["fwd_flat16_8b"], routes.PROGRAMS["fwd_rows16_8b_a32"]
     a = gpu.forward_plan(torch.bfloat16, torch.bfloat16, 4, 392, 250340, 392, 16, False, 0, False, False, True, flat, 1)

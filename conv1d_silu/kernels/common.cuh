@@ -221,37 +221,6 @@ C1S_FN unsigned int ticket_add(unsigned int* p) {
 inline unsigned int ticket_add(unsigned int* p) { return atomicAdd(p, 1u); }
 #endif
 
-// The early fold's per-parent counters (gpu.FOLD_EARLY): a backward CTA adds, after a
-// __syncthreads, how many of a parent's (child node, channel) columns it wrote, with release
-// semantics (publishing the CTA's node writes, as ticket_add does); a fold thread polls its parents'
-// counters with acquire loads before it loads their children. The fold's CTAs are launched only
-// once every backward CTA has started (griddepcontrol.launch_dependents), so a poll never holds an
-// SM slot that a backward CTA still needs.
-#ifndef CONV1D_SILU_EMULATE
-C1S_FN void count_release(unsigned int* p, unsigned int n) {
-  asm volatile("red.release.gpu.add.u32 [%0], %1;" ::"l"(p), "r"(n) : "memory");
-}
-// The polls are relaxed: an acquire load invalidates the SM's L1 (CCTL.IVALL), which the backward's
-// CTAs on the same SM read through, so only the load that sees the target acquires (all the adds
-// are one release sequence, so it synchronises with every CTA's release).
-C1S_FN void count_wait(const unsigned int* p, unsigned int target) {
-  unsigned int v;
-  for (;;) {
-    asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    if (v >= target) break;
-    asm volatile("nanosleep.u32 64;");  // (PTX: no runtime header needed under NVRTC)
-  }
-  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-}
-#else
-inline void count_release(unsigned int* p, unsigned int n) { atomicAdd(p, n); }
-// Launches run one after another here, so every count is final: one short of the target can never
-// be met (an error, not a hang), and one past it would let a GPU fold start too early.
-inline void count_wait(const unsigned int* p, unsigned int target) {
-  if (*p != target) emu::fault(2);
-}
-#endif
-
 template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }
 template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
 

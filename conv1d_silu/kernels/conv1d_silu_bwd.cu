@@ -19,8 +19,7 @@
 // children to arrive folds the parent, and so on up to the root, which is written as
 // dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
 // is ever summed atomically. With split_ the CTAs only write their nodes, and conv1d_silu_fold,
-// launched next, folds the levels above (no ticket, no fence in this kernel); split_ = 2 (the
-// early fold, gpu.FOLD_EARLY) also releases a count per parent for the fold to poll.
+// launched next, folds the levels above (no ticket, no fence in this kernel).
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
@@ -372,27 +371,6 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
         ws[ws_off + (col_node[p] * NB + k) * C + c] = v;
       }
     }
-    if (split_ > 1) {
-      // The early fold: per parent, the count of this unit's columns it holds, released by thread
-      // 0 once the CTA's nodes are written. Columns run in (node, vector) order, so each parent's
-      // are one run; a tiled unit is one column (its channel tile).
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        long long parent = -1;
-        unsigned int run = 0;
-#pragma unroll 1
-        for (int g = 0; g < (FLAT ? tile_v : 1); ++g) {
-          if (col_c[g] >= C) continue;
-          if (col_node[g] >> 3 != parent) {  // FAN = 8
-            if (run) count_release(&tickets[parent], run);
-            parent = col_node[g] >> 3;
-            run = 0;
-          }
-          ++run;
-        }
-        if (run) count_release(&tickets[parent], run);
-      }
-    }
     // One ticket per (parent, channel tile), or per (parent, vector) when flat, taken by the
     // plan's thread after a __syncthreads: its release publishes the CTA's node writes. The plans
     // whose parent this CTA folds (their children have all arrived) note where the children are
@@ -468,19 +446,16 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
 // FOLD_COLS channels of one reduced row k; the first level reads the CTAs' nodes from the
 // workspace (every load of a parent before its adds), the levels above stay in shared memory
 // (rows [0, np) and [np, np + np / FAN), used in turn). Launched programmatically after the
-// backward, it may be resident before the backward ends and waits for its writes first: all of
-// them (griddepcontrol.wait), or with counters (the early fold) each parent's children only.
+// backward, it may be resident before the backward ends and waits for its writes first.
 constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: channels x parents
-static_assert(FOLD_COLS == 32, "a warp is one row of parents (the early fold's polls)");
 template <typename T, typename TG, int K, bool HAS_BIAS>
 __global__ void __launch_bounds__(512) conv1d_silu_fold(
     const void* __restrict__ workspace, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
-    long long C_, long long n_nodes, long long levels_, unsigned int* __restrict__ counters,
-    long long per_child_) {
+    long long C_, long long n_nodes, long long levels_) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);
-  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_, per_child = (int)per_child_;
+  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_;
   const int n_ct = (C + FOLD_COLS - 1) / FOLD_COLS;
   const int k = (int)blockIdx.x / n_ct;
   const int tx = (int)threadIdx.x % FOLD_COLS, ty = (int)threadIdx.x / FOLD_COLS;
@@ -488,8 +463,6 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
   const A* ws = static_cast<const A*>(workspace);
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
-  const long long n = n_nodes;
-  const int parents = (int)((n + FAN - 1) / FAN);  // at the first level
   // Pass 0 runs the whole fold with every global access predicated off while the backward still
   // runs, so the real pass finds its instructions and shared memory warm (cold, the first level took
   // 1.8-5.9 us after the wait on the H100: docs/performance.md v40). "unroll 1": one copy of the body.
@@ -497,27 +470,15 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
   for (int pass = 0; pass < 2; ++pass) {
     if (pass) {
       __syncthreads();  // pass 0 is done with the shared memory
-      if (!counters) griddep_wait();  // else each parent waits for its own children below
+      griddep_wait();
     }
     const bool live = pass && c < C;
 
-    int np = parents;
+    long long n = n_nodes;
+    int np = (int)((n + FAN - 1) / FAN);
     // FOLD_BATCH parents per thread at a time, every child loaded before the first add: one L2 round
     // trip per batch
     for (int p0 = ty; p0 < np; p0 += FOLD_BATCH * FOLD_ROWS) {
-      if (counters && pass) {
-        // A warp is one row ty of FOLD_COLS = 32 channels: lane 0 (live whenever any lane is) waits
-        // for the batch's parents, and the warp barrier orders its acquires before every lane's
-        // loads of the children (one L1-invalidating acquire per warp and parent, not per thread).
-        if (tx == 0 && live) {
-#pragma unroll
-          for (int u = 0; u < FOLD_BATCH; ++u) {
-            const long long p = p0 + u * FOLD_ROWS;
-            if (p < np) count_wait(&counters[p], (unsigned int)(min_<long long>(FAN, n - p * FAN) * per_child));
-          }
-        }
-        __syncwarp();
-      }
       A ch[FOLD_BATCH][FAN];
 #pragma unroll
       for (int u = 0; u < FOLD_BATCH; ++u)
@@ -559,14 +520,5 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(
       src = dst;
       dst = t;
     }
-  }
-  if (counters) {
-    // Every thread of this CTA is past its polls: the last CTA to get here zeroes the counters for
-    // the next launch on the stream (gpu.backward_scratch); then the stream's order: the fold ends
-    // after the backward.
-    __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(&counters[parents], 1u) + 1 == gridDim.x)
-      for (int i = 0; i <= parents; ++i) counters[i] = 0;
-    griddep_wait();
   }
 }

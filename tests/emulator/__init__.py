@@ -99,7 +99,5 @@ class EmulatorLauncher(Launcher):
         params = runtime._params  # the GPU path's per-thread slots and the pointers to them
         pack_args(launch.args, params.slots)
         rc = lib.emu_launch(launch.grid[0], launch.block, launch.smem, params.pointers_addr)
-        if rc == 1:
-            raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")
         if rc != 0:
-            raise RuntimeError(f"emulator: {launch.kernel}: a count wait found the earlier CTAs' count off its target")
+            raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")

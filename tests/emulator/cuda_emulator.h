@@ -58,7 +58,6 @@ struct State {
   // __syncthreads_or: barrier k collects into vote[k % 2], cleared when barrier k - 1 opens
   unsigned int generation = 0;
   int vote[2] = {0, 0};
-  int fault = 0;  // run's result: 2 when a count_wait found a count off its target
 };
 
 inline State& state() {
@@ -73,19 +72,15 @@ inline void fiber_entry() {
   swapcontext(&s.fibers[s.current].ctx, &s.scheduler);
 }
 
-inline void fault(int code) { state().fault = code; }
-
 inline void barrier() {
   State& s = state();
   s.fibers[s.current].waiting = true;
   swapcontext(&s.fibers[s.current].ctx, &s.scheduler);
 }
 
-// Runs grid x block threads; returns 0, 1 when a barrier was skipped by exited threads, or 2 when
-// a thread waited for a count that the CTAs before it did not leave at its target.
+// Runs grid x block threads; returns 0, or 1 when a barrier was skipped by exited threads.
 inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, const std::function<void()>& body) {
   State& s = state();
-  s.fault = 0;
   s.grid_dim.x = grid;
   s.block_dim.x = block;
   s.body = &body;
@@ -126,7 +121,7 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
       s.vote[++s.generation % 2] = 0;
     }
   }
-  return s.fault;
+  return 0;
 }
 
 inline Fiber& self() { return state().fibers[state().current]; }
@@ -191,7 +186,6 @@ inline int __syncthreads_or(int predicate) {
   return s.vote[g];
 }
 inline void __threadfence() {}
-inline void __syncwarp(unsigned int = 0xffffffffu) {}  // fibers never run at once
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
   const unsigned int old = *p;
   *p = old + v;
