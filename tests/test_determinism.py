@@ -84,14 +84,20 @@ def test_reused_tickets_are_left_at_zero(kernel_backend, ticket_climb):
                 assert bufs and all(int(b.count_nonzero()) == 0 for b in bufs), (S, C, program)
 
 
-def _backward_calls(dev: str, program: str, shapes) -> list:
-    """One closure per (S, C): the backward of random inputs with ``program``, plain and with fp32
-    main-grad accumulation: dx, dweight, dbias, then the accumulated dweight and dbias."""
-    from conv1d_silu import ops
+@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_flat_8b", "rowgroup_long_8b", "rowgroup_sm"])
+def test_fold_launch_gives_the_ticket_climbs_bits(kernel_backend, program, request):
+    """With more than FAN and at most gpu.FOLD_MAX_NODES nodes at the CTAs' level, a second kernel
+    folds the tree above them instead of the tickets' climb: the same bits, fp32 main-grad
+    accumulation included."""
+    from conv1d_silu import gpu, ops
     from conv1d_silu.documents import doc_table
 
+    dev = kernel_backend.device
+    torch.manual_seed(7)
+    cta_level = routes.PROGRAMS[program].cta_level
     calls = []
-    for S, C in shapes:
+    for S, C in ((3000, 40), (20000, 24)):
+        assert gpu.split_fold(gpu.tree_shape(S)[1][cta_level]) == (cta_level == 1 or S == 20000)
         x, w, b = torch.randn(S, C, device=dev), torch.randn(C, 4, device=dev), torch.randn(C, device=dev)
         dy = torch.randn_like(x)
         doc = doc_table(x, None, None, None)
@@ -104,22 +110,6 @@ def _backward_calls(dev: str, program: str, shapes) -> list:
             return [*plain[:3], *summed[1:3]]
 
         calls.append(call)
-    return calls
-
-
-@pytest.mark.parametrize("program", ["rowgroup_8b", "rowgroup_flat_8b", "rowgroup_long_8b", "rowgroup_sm"])
-def test_fold_launch_gives_the_ticket_climbs_bits(kernel_backend, program, request):
-    """With more than FAN and at most gpu.FOLD_MAX_NODES nodes at the CTAs' level, a second kernel
-    folds the tree above them instead of the tickets' climb: the same bits, fp32 main-grad
-    accumulation included."""
-    from conv1d_silu import gpu
-
-    torch.manual_seed(7)
-    cta_level = routes.PROGRAMS[program].cta_level
-    shapes = ((3000, 40), (20000, 24))
-    for S, _ in shapes:
-        assert gpu.split_fold(gpu.tree_shape(S)[1][cta_level]) == (cta_level == 1 or S == 20000)
-    calls = _backward_calls(kernel_backend.device, program, shapes)
     split = [call() for call in calls]
     request.getfixturevalue("ticket_climb")
     for call, want in zip(calls, split):
