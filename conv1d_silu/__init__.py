@@ -8,22 +8,11 @@ from __future__ import annotations
 
 from . import ops as _ops  # registers the custom ops  # noqa: F401
 from . import autograd as _autograd  # registers their autograd  # noqa: F401
-from .api import causal_conv1d_silu
+from .api import causal_conv1d_silu, warmup
 from .module import CausalConv1dSiLU
 from .reference import causal_conv1d_silu_ref
 
 __version__ = "0.1.0"
-
-
-def warmup(device=None, dtypes=None, ks=(4,)) -> int:
-    """Compile and run the common CUDA kernels once (no-op without CUDA); returns calls made."""
-    import torch
-
-    from . import runtime
-
-    if not runtime.available():
-        return 0
-    return runtime.warmup(device, dtypes or (torch.bfloat16,), ks)
 
 
 __all__ = ["causal_conv1d_silu", "CausalConv1dSiLU", "causal_conv1d_silu_ref", "warmup", "__version__"]

@@ -10,7 +10,7 @@ import sys
 def info(shape: tuple[int, ...] | None, dtype_name: str) -> int:
     import torch
 
-    from . import __version__, kernels, routes, runtime
+    from . import __version__, kernels, routes, runtime, warmup
 
     print(f"conv1d_silu {__version__}  python {platform.python_version()}  torch {torch.__version__}")
     cp = runtime._cupy()
@@ -29,7 +29,7 @@ def info(shape: tuple[int, ...] | None, dtype_name: str) -> int:
             print(f"CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}  driver {cp.cuda.runtime.driverGetVersion()}  "
                   f"NVRTC {cp.cuda.nvrtc.getVersion()}")
             try:
-                n = runtime.warmup()
+                n = warmup()
                 print(f"kernels: compiled and ran ({n} warm-up calls)")
             except Exception as err:  # report, don't crash the info command
                 print(f"kernels: FAILED: {err}")

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import autograd
+from . import autograd, runtime
 from .validation import check_inputs, fail
 
 
@@ -79,3 +79,22 @@ def causal_conv1d_silu(
         x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
         grad_dtype or w2.dtype, program,
     )
+
+
+def warmup(device: torch.device | str | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:
+    """Compile and run the common CUDA kernels now (forward and backward, with and without bias)
+    on small random inputs, so the first training step does not pay for NVRTC. A no-op without
+    CuPy or a GPU. Returns the number of calls made."""
+    if not runtime.available():
+        return 0
+    dev = torch.device("cuda", runtime.device_index(torch.device("cuda" if device is None else device)))
+    calls = 0
+    for dtype in dtypes or (torch.bfloat16,):
+        for K in ks:
+            for bias in (False, True):
+                x = torch.randn(64, 64, device=dev, dtype=dtype, requires_grad=True)
+                w = torch.randn(64, K, device=dev, dtype=dtype, requires_grad=True)
+                b = torch.randn(64, device=dev, dtype=dtype, requires_grad=True) if bias else None
+                causal_conv1d_silu(x, w, b).float().sum().backward()
+                calls += 1
+    return calls

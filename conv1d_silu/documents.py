@@ -30,6 +30,21 @@ class DocTable:
     table: torch.Tensor | None  # flat int32 seq_idx (S,) or cu_seqlens (N+1,)
 
 
+def num_documents(
+    x: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+) -> int | None:
+    """How many documents the arguments describe; None for ``seq_idx`` without initial states,
+    whose ids only order the tokens (the count would need a read of the table)."""
+    if cu_seqlens is not None:
+        return cu_seqlens.shape[0] - 1
+    if seq_idx is not None:
+        return None if initial_states is None else initial_states.shape[0]
+    return x.shape[0] if x.dim() == 3 else 1
+
+
 def doc_table(
     x: torch.Tensor,
     seq_idx: torch.Tensor | None,
@@ -39,14 +54,12 @@ def doc_table(
     """Build the table for already validated arguments."""
     S = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
     row_len = x.shape[1] if x.dim() == 3 else S
+    n = num_documents(x, seq_idx, cu_seqlens, initial_states)
     if cu_seqlens is not None:
-        return DocTable(CU_SEQLENS, S, row_len, cu_seqlens.shape[0] - 1, cu_seqlens)
+        return DocTable(CU_SEQLENS, S, row_len, n, cu_seqlens)
     if seq_idx is not None:
-        n = initial_states.shape[0] if initial_states is not None else None
         return DocTable(SEQ_IDX, S, row_len, n, seq_idx.reshape(-1))
-    if x.dim() == 3:
-        return DocTable(BATCH, S, row_len, x.shape[0], None)
-    return DocTable(SINGLE, S, row_len, 1, None)
+    return DocTable(BATCH if x.dim() == 3 else SINGLE, S, row_len, n, None)
 
 
 def token_positions(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from . import kernels, runtime
 from .documents import CU_SEQLENS, SEQ_IDX, DocTable
+from .dtypes import accumulator_dtype
 from .routes import LANES, Program, tile_vectors
-from .runtime import Launch, current_stream_ptr
+from .runtime import Launch, current_stream_ptr, device_index
 
 SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
 FAN = 8  # children per node of the canonical tree
@@ -27,26 +28,16 @@ class Launcher:
     """Where launches go. Subclassed by the CPU emulator of the tests."""
 
     def sm_count(self, device: torch.device) -> int:
-        from .runtime import device_limits
-
-        return device_limits(_index(device)).sm_count
+        return runtime.device_limits(device_index(device)).sm_count
 
     def max_active_blocks(self, launch: Launch, device: torch.device) -> int:
-        from .runtime import max_active_blocks
-
-        return max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, _index(device))
+        return runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, device_index(device))
 
     def __call__(self, launch: Launch, device: torch.device) -> None:
-        from .runtime import launch as run
-
-        run(launch, device)
+        runtime.launch(launch, device)
 
 
 CUDA = Launcher()
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def alignment(*tensors: torch.Tensor | None) -> int:
@@ -169,11 +160,6 @@ def split_fold(n_nodes: int) -> bool:
     """Whether a backward whose CTAs write ``n_nodes`` tree nodes leaves the levels above them to
     conv1d_silu_fold."""
     return FAN < n_nodes <= FOLD_MAX_NODES
-
-
-def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What the backward sums dweight / dbias in (kernels' Acc<T>): fp64 for fp64 inputs, else fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def fold_plan(
@@ -363,7 +349,7 @@ def backward_scratch(
     if device.type != "cuda":
         where = (device.type, 0, 0)
     else:
-        index = _index(device)
+        index = device_index(device)
         reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
         if torch.cuda.is_current_stream_capturing():
             tickets = reserve.take(n_tickets) if n_tickets else None

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor
 
 from . import config, gpu, reference, routes
-from .documents import DocTable, doc_table
+from .documents import DocTable, doc_table, num_documents
+from .runtime import device_index
+from .states import add_final_state_grads
 from .validation import row_stride
 
 Tensor_ = Optional[Tensor]
@@ -48,7 +50,7 @@ def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
 def _arch(device: torch.device) -> str:
     if device.type != "cuda":
         return _emulated_arch
-    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_arch(device_index(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,19 +146,22 @@ def backward_impl(
         weight_grad_out, bias_grad_out, _launcher, trailing,
     )
     if dfinal is not None:
-        reference.add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])
+        add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])
     return dx, dw, db, dinit
 
 
 # ---- custom ops ---------------------------------------------------------------------------
+# An op's schema has fixed outputs, so an absent output is an empty placeholder: final states and
+# their gradient (0, K-1, C), dbias (0,).
 
 
-def _num_docs(x: Tensor, cu_seqlens: Tensor_, initial_states: Tensor_) -> int:
-    if cu_seqlens is not None:
-        return cu_seqlens.shape[0] - 1
-    if initial_states is not None:
-        return initial_states.shape[0]
-    return x.shape[0] if x.dim() == 3 else 1
+def _states_like(x: Tensor, weight: Tensor, n: int = 0) -> Tensor:
+    C, K = weight.shape
+    return x.new_empty((n, K - 1, C))
+
+
+def _bias_grad_like(weight: Tensor, bias: Tensor_, grad_dtype: torch.dtype) -> Tensor:
+    return weight.new_empty((0 if bias is None else weight.shape[0],), dtype=grad_dtype)
 
 
 @torch.library.custom_op("conv1d_silu::fwd", mutates_args=())
@@ -180,26 +185,19 @@ def fwd(
     registered backward where and how to put the weight gradients."""
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
     y, final = forward_impl(x, weight, bias, doc, initial_states, return_final_states, silu, program)
-    if final is None:
-        C, K = weight.shape
-        final = x.new_empty((0, K - 1, C))
-    return y, final
+    return y, _states_like(x, weight) if final is None else final
 
 
 @fwd.register_fake
 def _fwd_fake(
     x, weight, bias, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu, fp32_grads, program
 ):
-    C, K = weight.shape
-    n = _num_docs(x, cu_seqlens, initial_states) if return_final_states else 0
-    return x.new_empty(x.shape), x.new_empty((n, K - 1, C))
+    n = num_documents(x, seq_idx, cu_seqlens, initial_states) if return_final_states else 0
+    return x.new_empty(x.shape), _states_like(x, weight, 0 if n is None else n)
 
 
-def _bwd_outputs(x, weight, bias, initial_states, grad_dtype):
-    C, K = weight.shape
-    dinit = x.new_empty((0, K - 1, C)) if initial_states is None else x.new_empty(initial_states.shape)
-    db = weight.new_empty((0,), dtype=grad_dtype) if bias is None else weight.new_empty((C,), dtype=grad_dtype)
-    return x.new_empty(x.shape), weight.new_empty((C, K), dtype=grad_dtype), db, dinit
+def _dinit_like(x: Tensor, weight: Tensor, initial_states: Tensor_) -> Tensor:
+    return _states_like(x, weight) if initial_states is None else x.new_empty(initial_states.shape)
 
 
 @torch.library.custom_op("conv1d_silu::bwd", mutates_args=())
@@ -220,15 +218,15 @@ def bwd(
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
     grad_dtype = torch.float32 if fp32_grads else weight.dtype
     dx, dw, db, dinit = backward_impl(dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, program)
-    C, K = weight.shape
-    db = weight.new_empty((0,), dtype=grad_dtype) if db is None else db
-    dinit = x.new_empty((0, K - 1, C)) if dinit is None else dinit
-    return dx, dw, db, dinit
+    db = _bias_grad_like(weight, None, grad_dtype) if db is None else db
+    return dx, dw, db, _states_like(x, weight) if dinit is None else dinit
 
 
 @bwd.register_fake
 def _bwd_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, silu, fp32_grads, program):
-    return _bwd_outputs(x, weight, bias, initial_states, torch.float32 if fp32_grads else weight.dtype)
+    grad_dtype = torch.float32 if fp32_grads else weight.dtype
+    dw = weight.new_empty(weight.shape, dtype=grad_dtype)
+    return x.new_empty(x.shape), dw, _bias_grad_like(weight, bias, grad_dtype), _dinit_like(x, weight, initial_states)
 
 
 @torch.library.custom_op("conv1d_silu::bwd_main_grad", mutates_args=("weight_main_grad", "bias_main_grad"))
@@ -252,12 +250,9 @@ def bwd_main_grad(
         dy, x, weight, bias, doc, initial_states, dfinal, silu, torch.float32, program,
         weight_main_grad, bias_main_grad,
     )
-    C, K = weight.shape
-    return dx, x.new_empty((0, K - 1, C)) if dinit is None else dinit
+    return dx, _states_like(x, weight) if dinit is None else dinit
 
 
 @bwd_main_grad.register_fake
 def _bwd_main_grad_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, wmg, bmg, silu, program):
-    C, K = weight.shape
-    dinit = x.new_empty((0, K - 1, C)) if initial_states is None else x.new_empty(initial_states.shape)
-    return x.new_empty(x.shape), dinit
+    return x.new_empty(x.shape), _dinit_like(x, weight, initial_states)

@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of the op (DESIGN.md section 1): forward and an explicit backward.
+"""Pure-PyTorch reference of the op: forward and an explicit backward.
 
 It is the CPU implementation of the custom ops and the oracle of the GPU tests. It runs on any
 device, in fp32 arithmetic (fp64 for fp64 inputs), and casts each output once at the end.
@@ -18,14 +18,11 @@ import math
 
 import torch
 
-from .documents import DocTable, doc_spans, doc_table, token_positions
+from .documents import DocTable, doc_table, token_positions
+from .dtypes import accumulator_dtype
+from .states import add_final_state_grads, final_state_sources
 
 __all__ = ["causal_conv1d_silu_ref", "forward", "backward"]
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Arithmetic dtype: fp64 for fp64 inputs, fp32 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _taps(x2, K, pos, state, init):
@@ -92,37 +89,6 @@ def _silu_grad(z: torch.Tensor) -> torch.Tensor:
     return sig * (1 + z * (1 - sig))
 
 
-def _final_state_sources(doc: DocTable, K: int, device: torch.device):
-    """For each (document, state row j): the token it copies, or -1 with the initial-state row."""
-    start, end = doc_spans(doc, device)
-    j = torch.arange(K - 1, device=device)
-    src = end.unsqueeze(1) - (K - 1) + j  # (N, K-1)
-    from_x = src >= start.unsqueeze(1)
-    init_row = j + (end - start).unsqueeze(1)  # valid where not from_x
-    return src, from_x, init_row
-
-
-def add_final_state_grads(
-    dx2: torch.Tensor, dinit: torch.Tensor | None, dfinal: torch.Tensor, doc: DocTable, K: int
-) -> None:
-    """Add the gradient of final_states into dx2 (S, C) and dinit, in place.
-
-    final_states[d, j] copies one token of document d (or one of its initial state rows when the
-    document is shorter than K-1), so every gradient element lands on one distinct place: the
-    accumulating index_put_ adds exactly one value per element (no host sync, deterministic).
-    """
-    src, from_x, init_row = _final_state_sources(doc, K, dfinal.device)
-    zero = torch.zeros((), dtype=dfinal.dtype, device=dfinal.device)
-    if doc.S > 0:
-        on_x = torch.where(from_x.unsqueeze(2), dfinal, zero)
-        dx2.index_put_((src.clamp(0, doc.S - 1).flatten(),), on_x.flatten(0, 1).to(dx2.dtype), accumulate=True)
-    if dinit is not None:
-        n = torch.arange(src.shape[0], device=src.device).unsqueeze(1).expand_as(src)
-        on_init = torch.where(from_x.unsqueeze(2), zero, dfinal)
-        rows = (n * (K - 1) + init_row.clamp(max=K - 2)).flatten()
-        dinit.view(-1, dinit.shape[-1]).index_put_((rows,), on_init.flatten(0, 1).to(dinit.dtype), accumulate=True)
-
-
 def forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -134,7 +100,7 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference forward. ``weight`` is (C, K). Returns (y, final_states or None)."""
     C, K = weight.shape
-    acc = acc_dtype(x.dtype)
+    acc = accumulator_dtype(x.dtype)
     x2 = x.reshape(doc.S, C).to(acc)
     pos, state = token_positions(doc, x.device)
     init = None if initial_states is None else initial_states.to(acc)
@@ -146,7 +112,7 @@ def forward(
     y = _silu(z) if silu else z
     final = None
     if return_final_states:
-        src, from_x, init_row = _final_state_sources(doc, K, x.device)
+        src, from_x, init_row = final_state_sources(doc, K, x.device)
         gathered = x2[src.clamp(0, max(doc.S - 1, 0))] if doc.S > 0 else x2.new_zeros(*src.shape, C)
         if init is None:
             fallback = torch.zeros_like(gathered)
@@ -175,7 +141,7 @@ def backward(
     document (context parallelism): their g completes dx of the last tokens, nothing else.
     """
     C, K = weight.shape
-    acc = acc_dtype(x.dtype)
+    acc = accumulator_dtype(x.dtype)
     S = doc.S
     x2 = x.reshape(S, C).to(acc)
     g = dy.reshape(S, C).to(acc)

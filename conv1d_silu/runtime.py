@@ -52,6 +52,11 @@ class Launch:
     programmatic: bool = False
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA device index of ``device`` (the current device for a bare ``"cuda"``)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     sm_count: int
@@ -300,7 +305,7 @@ def launch(spec: Launch, device: torch.device) -> None:
     conversion costs more than the launch itself on a slow host), in the CUDA context CuPy loaded the
     kernel in: the caller's when it is current, as it is under torch's device guard, else entered.
     """
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     validate(spec, device_limits(index))
     fn = function(spec.source, spec.kernel, index)
     _prepare_smem(fn, spec.smem, index)
@@ -322,24 +327,6 @@ def _submit(driver, handle: int, spec: Launch, index: int, params: int) -> None:
     else:
         gx, gy, gz = spec.grid
         driver.launchKernel(handle, gx, gy, gz, spec.block, 1, 1, spec.smem, stream, params, 0)
-
-
-def warmup(device: torch.device | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:
-    """Compile the common instantiations now (forward and backward, with and without bias) by
-    running them once on small random inputs; returns the number of calls made."""
-    from .api import causal_conv1d_silu
-
-    dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
-    calls = 0
-    for dtype in dtypes:
-        for K in ks:
-            for bias in (False, True):
-                x = torch.randn(64, 64, device=dev, dtype=dtype, requires_grad=True)
-                w = torch.randn(64, K, device=dev, dtype=dtype, requires_grad=True)
-                b = torch.randn(64, device=dev, dtype=dtype, requires_grad=True) if bias else None
-                causal_conv1d_silu(x, w, b).float().sum().backward()
-                calls += 1
-    return calls
 
 
 def cache_dir() -> str:

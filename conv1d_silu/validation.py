@@ -1,4 +1,4 @@
-"""Argument checks of the public entry points (DESIGN.md section 7).
+"""Argument checks of the public entry points.
 
 Every check runs before any allocation or launch and raises ``TypeError`` (wrong type / dtype) or
 ``ValueError`` (wrong shape, layout, value), naming the argument with expected vs got.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from . import config
-from .documents import DocTable, check_table_contents, doc_table
+from .documents import DocTable, check_table_contents, doc_table, num_documents
+from .dtypes import FLOAT_DTYPES
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 K_MIN, K_MAX = 2, 8
 ACTIVATIONS = {"silu": True, "swish": True, None: False, "identity": False}
 
@@ -161,16 +161,9 @@ def check_inputs(
             fail("initial_states", f"x's dtype {x.dtype}", initial_states.dtype, TypeError)
         if seq_idx is not None and x.dim() == 3:
             fail("initial_states", "None with 3-D x and seq_idx (use 2-D x)", "a tensor")
-        if cu_seqlens is not None:
-            n = cu_seqlens.shape[0] - 1
-        elif x.dim() == 3:
-            n = x.shape[0]
-        elif seq_idx is None:
-            n = 1
-        else:
-            n = initial_states.shape[0]
-        want = (n, K - 1, C)
-        if initial_states.dim() != 3 or tuple(initial_states.shape) != want:
+        n = num_documents(x, seq_idx, cu_seqlens, initial_states) if initial_states.dim() == 3 else None
+        want = (n if n is not None else "N", K - 1, C)
+        if tuple(initial_states.shape) != want:
             fail("initial_states", f"shape {want} (documents, K-1, C)", tuple(initial_states.shape))
     if return_final_states and seq_idx is not None and initial_states is None:
         fail(
