@@ -265,7 +265,7 @@ def forward(
     plan = forward_plan(*key)
     if program.max_fill_rows and plan.n_units > (sms := launcher.sm_count(x.device)):
         # the base height's residency stands for the taller lanes' (the same registers, v27)
-        probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, ())
+        probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, {})
         plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
     launch = Launch(
         source="conv1d_silu_fwd",
@@ -273,9 +273,10 @@ def forward(
         grid=(plan.n_units, 1, 1),
         block=plan.block,
         smem=plan.smem,
-        args=(
-            x, row_stride, dense(weight), dense(bias), _table(doc),
-            doc.row_len, n_docs, init, y, final, S, C, plan.tile_v, plan.n_ctiles, plan.n_units,
+        args=dict(
+            x=x, x_rs=row_stride, w=dense(weight), bias=dense(bias), table=_table(doc), row_len=doc.row_len,
+            n_docs=n_docs, init=init, y=y, final_states=final, S=S, C=C, tile_v=plan.tile_v,
+            n_ctiles=plan.n_ctiles, n_units=plan.n_units,
         ),
         outputs=(y,) if final is None else (y, final),
         inputs=(x,) if init is None else (x, init),
@@ -472,11 +473,12 @@ def backward(
         grid=(plan.n_units, 1, 1),
         block=plan.block,
         smem=plan.smem,
-        args=(
-            x, x_stride, dy, dy_stride, dense(weight), dense(bias),
-            _table(doc), doc.row_len, n_docs, init, dx, dinit, dw, db, int(accumulate), workspace, tickets,
-            S, C, plan.tile_v, plan.n_ctiles, plan.n_units, plan.root, next_x, next_dy,
-            0 if next_x is None else next_x.shape[0], plan.n_vec, int(plan.fold is not None),
+        args=dict(
+            x=x, x_rs=x_stride, dy=dy, dy_rs=dy_stride, w=dense(weight), bias=dense(bias), table=_table(doc),
+            row_len=doc.row_len, n_docs=n_docs, init=init, dx=dx, dinit=dinit, dw=dw, db=db,
+            accumulate=int(accumulate), workspace=workspace, tickets=tickets, S=S, C=C, tile_v=plan.tile_v,
+            n_ctiles=plan.n_ctiles, n_units=plan.n_units, root_level=plan.root, next_x=next_x, next_dy=next_dy,
+            n_next=0 if next_x is None else next_x.shape[0], n_vec=plan.n_vec, split=int(plan.fold is not None),
         ),
         outputs=(dx,) if dinit is None else (dx, dinit),
         inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
@@ -491,7 +493,8 @@ def backward(
         f = plan.fold
         launcher(
             Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem,
-                   (workspace, dw, db, int(accumulate), C, f.n_nodes, f.levels), programmatic=True),
+                   dict(workspace=workspace, dw=dw, db=db, accumulate=int(accumulate), C=C, n_nodes=f.n_nodes,
+                        levels=f.levels), programmatic=True),
             x.device,
         )
     return dx, dw, db, dinit

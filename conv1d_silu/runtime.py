@@ -30,10 +30,11 @@ _lock = threading.Lock()
 
 @dataclass
 class Launch:
-    """One kernel launch: what to instantiate, the geometry and the argument list.
+    """One kernel launch: what to instantiate, the geometry and the arguments.
 
-    ``args`` holds tensors (passed as device pointers), None (null pointers) and Python ints: every
-    kernel parameter is 8 bytes (a pointer or ``long long``), see :func:`pack_args`.
+    ``args`` maps each field of the kernel's argument struct (``kernels.ARGS``) to a tensor (passed
+    as its device pointer), None (a null pointer) or a Python int: every field is 8 bytes (a
+    pointer or ``long long``), see :func:`pack_args`.
     """
 
     source: str
@@ -41,7 +42,7 @@ class Launch:
     grid: tuple[int, int, int]
     block: int
     smem: int
-    args: tuple
+    args: dict[str, object]
     outputs: tuple[torch.Tensor, ...] = ()
     inputs: tuple[torch.Tensor, ...] = ()
     one_d_grid: bool = True
@@ -210,29 +211,36 @@ def max_active_blocks(source: str, kernel: str, block: int, smem: int, device_in
     return max(1, _driver().occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, smem))
 
 
-MAX_ARGS = 64
+MAX_FIELDS = max(len(fields) for fields in kernels.ARGS.values())
 
 
 class _ParamBuffer(threading.local):
-    """Per-thread kernel parameters: MAX_ARGS 8-byte slots and the array of pointers to them that
-    ``cuLaunchKernel`` takes (it copies the values at the call, so the slots are reused)."""
+    """Per-thread kernel parameters: one argument struct as MAX_FIELDS 8-byte slots, and the
+    one-entry array of parameter pointers that ``cuLaunchKernel`` takes (it copies the struct at
+    the call, so the slots are reused)."""
 
     def __init__(self):
-        self.slots = (ctypes.c_int64 * MAX_ARGS)()
-        base = ctypes.addressof(self.slots)
-        self.pointers = (ctypes.c_void_p * MAX_ARGS)(*(base + 8 * i for i in range(MAX_ARGS)))
+        self.slots = (ctypes.c_int64 * MAX_FIELDS)()
+        self.pointers = (ctypes.c_void_p * 1)(ctypes.addressof(self.slots))
         self.pointers_addr = ctypes.addressof(self.pointers)
 
 
 _params = _ParamBuffer()
 
 
-def pack_args(args: tuple, into) -> None:
-    """Write the arguments as 8-byte values (tensor: its address, None: 0, int) into ``into``."""
-    if len(args) > MAX_ARGS:
-        raise ValueError(f"{len(args)} kernel arguments, at most {MAX_ARGS}")
-    for i, a in enumerate(args):
-        into[i] = a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a
+def pack_args(spec: Launch, into) -> None:
+    """Write ``spec.args`` into ``into`` in the order of the kernel's argument struct, as 8-byte
+    values (tensor: its address, None: 0, int: itself)."""
+    fields = kernels.ARGS[spec.kernel.partition("<")[0]]
+    args = spec.args
+    try:
+        if len(args) != len(fields):
+            raise KeyError
+        for i, name in enumerate(fields):
+            a = args[name]
+            into[i] = a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a
+    except KeyError:
+        raise ValueError(f"{spec.kernel}: arguments {sorted(args)} do not match the struct's fields {fields}") from None
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value
@@ -310,7 +318,7 @@ def launch(spec: Launch, device: torch.device) -> None:
     fn = function(spec.source, spec.kernel, index)
     _prepare_smem(fn, spec.smem, index)
     p = _params
-    pack_args(spec.args, p.slots)
+    pack_args(spec, p.slots)
     driver = _driver()
     handle = _handles[(spec.source, spec.kernel, index)]
     if driver.ctxGetCurrent() == _contexts[index]:

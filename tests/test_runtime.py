@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ LIMITS = DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, sm
 
 
 def launch(**kw):
-    base = dict(source="conv1d_silu_bwd", kernel="k", grid=(10, 1, 1), block=256, smem=0, args=())
+    base = dict(source="conv1d_silu_bwd", kernel="k", grid=(10, 1, 1), block=256, smem=0, args={})
     base.update(kw)
     return Launch(**base)
 
@@ -174,26 +175,38 @@ def test_cuda_tensor_without_cupy_names_the_extra(monkeypatch):
         runtime._cupy.cache_clear()
 
 
-def _kernel_parameters(source: str, kernel: str | None = None) -> list[str]:
-    """The parameter list of ``kernel`` (default: the source's own template) in ``source``."""
-    kernel = kernel or source
+STRUCTS = {"conv1d_silu_fwd": "FwdArgs", "conv1d_silu_bwd": "BwdArgs", "conv1d_silu_fold": "FoldArgs"}
+
+
+def _struct_fields(struct: str) -> list[tuple[str, str]]:
+    """(type, name) of each field of a kernel argument struct, as common.cuh declares it."""
+    text = kernels.source("conv1d_silu_fwd")
+    body = text[text.index(f"struct {struct} {{") + len(struct) + 9 :]
+    decls = [" ".join(d.split()) for d in body[: body.index("};")].split(";") if d.strip()]
+    return [tuple(d.rsplit(" ", 1)) for d in decls]
+
+
+@pytest.mark.parametrize("kernel", sorted(STRUCTS))
+def test_host_fields_are_the_structs_fields_in_order_and_eight_bytes_each(kernel):
+    """runtime.pack_args writes kernels.ARGS[kernel] in order as 8-byte slots: the struct must
+    declare the same fields in the same order, each a pointer or a long long."""
+    fields = _struct_fields(STRUCTS[kernel])
+    assert [name for _, name in fields] == list(kernels.ARGS[kernel])
+    for ctype, name in fields:
+        assert ctype.endswith("*") or ctype == "long long", (ctype, name)
+
+
+@pytest.mark.parametrize("kernel", sorted(STRUCTS))
+def test_each_kernel_takes_its_struct_alone(kernel):
+    source = "conv1d_silu_fwd" if kernel == "conv1d_silu_fwd" else "conv1d_silu_bwd"
     text = kernels.source(source)
-    sig = text[text.index(f"{kernel}(", text.index("__global__")) + len(kernel) + 1 :]
-    return [" ".join(p.split()) for p in sig[: sig.index(")")].split(",")]
-
-
-KERNELS = [(s, s) for s in kernels.SOURCES] + [("conv1d_silu_bwd", "conv1d_silu_fold")]
-
-
-@pytest.mark.parametrize("source,kernel", KERNELS)
-def test_every_kernel_parameter_is_eight_bytes(source, kernel):
-    """runtime.pack_args writes every argument as 8 bytes: pointers and long long only."""
-    for p in _kernel_parameters(source, kernel):
-        assert "*" in p or p.startswith("long long "), p
+    signature = re.search(rf"__global__ void __launch_bounds__\(\d+\) {kernel}\(([^)]*)\)", text)
+    assert signature is not None
+    assert re.fullmatch(rf"const (__grid_constant__ )?c1s::{STRUCTS[kernel]} a", signature.group(1)), signature.group(1)
 
 
 @pytest.mark.parametrize("direction,S", [("fwd", 100), ("bwd", 100), ("bwd", 5000)])
-def test_launch_args_match_the_kernel_signature(direction, S):
+def test_launch_args_fill_the_struct(direction, S):
     """At 5000 tokens the backward's CTAs write 20 tree nodes: a second, programmatic launch folds
     the levels above them (conv1d_silu_fold)."""
     from emulator import EmulatorLauncher
@@ -211,14 +224,14 @@ def test_launch_args_match_the_kernel_signature(direction, S):
     names = [launch.kernel.split("<")[0] for launch in rec.launches]
     assert names == (["conv1d_silu_bwd", "conv1d_silu_fold"] if S == 5000 else [f"conv1d_silu_{direction}"])
     assert [launch.programmatic for launch in rec.launches] == [False, True][: len(names)]
-    for launch in rec.launches:
-        params = _kernel_parameters(launch.source, launch.kernel.split("<")[0])
-        assert len(launch.args) == len(params)
-        for a, p in zip(launch.args, params):
-            if isinstance(a, torch.Tensor) or a is None:
-                assert "*" in p, (p, a)
+    for launch, name in zip(rec.launches, names):
+        types = dict((field, ctype) for ctype, field in _struct_fields(STRUCTS[name]))
+        assert set(launch.args) == set(types)
+        for field, value in launch.args.items():
+            if isinstance(value, torch.Tensor) or value is None:
+                assert types[field].endswith("*"), (field, value)
             else:
-                assert type(a) is int and p.startswith("long long "), (p, a)
+                assert type(value) is int and types[field] == "long long", (field, value)
 
 
 @pytest.mark.parametrize("capability,driver,want", [((9, 0), 13000, True), ((9, 0), 12020, False), ((8, 0), 13000, False)])
@@ -256,15 +269,18 @@ def test_launch_config_structures_match_cuda_h():
     assert (attr.id, attr.value[0]) == (runtime.PROGRAMMATIC_STREAM_SERIALIZATION, 1)
 
 
-def test_pack_args_writes_addresses_zeros_and_ints():
+def test_pack_args_writes_addresses_zeros_and_ints_in_field_order():
     import ctypes
 
     from conv1d_silu.runtime import pack_args
 
     t = torch.zeros(3)
-    slots = (ctypes.c_int64 * 4)()
-    pack_args((t, None, 7, 2**40), slots)
-    assert list(slots) == [t.data_ptr(), 0, 7, 2**40]
+    slots = (ctypes.c_int64 * 7)()
+    args = dict(levels=2**40, dw=t, workspace=None, db=None, accumulate=1, C=7, n_nodes=9)
+    pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args=args), slots)
+    assert list(slots) == [0, t.data_ptr(), 0, 1, 7, 9, 2**40]
+    with pytest.raises(ValueError, match="fields"):
+        pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args={**args, "extra": 1}), slots)
 
 
 def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkeypatch):

@@ -13,6 +13,21 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
+# The fields of each kernel's argument struct, in order (common.cuh: FwdArgs, BwdArgs, FoldArgs):
+# the host fills them by name and packs them as 8-byte slots.
+ARGS = {
+    "conv1d_silu_fwd": (
+        "x", "x_rs", "w", "bias", "table", "row_len", "n_docs", "init", "y", "final_states", "S", "C",
+        "tile_v", "n_ctiles", "n_units",
+    ),
+    "conv1d_silu_bwd": (
+        "x", "x_rs", "dy", "dy_rs", "w", "bias", "table", "row_len", "n_docs", "init", "dx", "dinit", "dw", "db",
+        "accumulate", "workspace", "tickets", "S", "C", "tile_v", "n_ctiles", "n_units", "root_level", "next_x",
+        "next_dy", "n_next", "n_vec", "split",
+    ),
+    "conv1d_silu_fold": ("workspace", "dw", "db", "accumulate", "C", "n_nodes", "levels"),
+}
+
 CXX_TYPES = {
     torch.float32: "float",
     torch.float64: "double",

@@ -20,6 +20,27 @@ constexpr int LANES = 8;  // thread rows per CTA: one tree node's children
 struct bf16 { unsigned short bits; };
 struct f16 { unsigned short bits; };
 
+// ---- kernel arguments -------------------------------------------------------------------------
+// Each kernel takes one struct (conv1d_silu/kernels/__init__.py, ARGS, names the fields in order
+// and gpu.py fills them by name). Every field is 8 bytes, a pointer or a long long, so the host
+// packs a struct as an array of 8-byte slots; the 32-bit values narrow inside the kernel.
+struct FwdArgs {
+  const void* x; long long x_rs; const void* w; const void* bias; const int* table; long long row_len;
+  long long n_docs; const void* init; void* y; void* final_states; long long S; long long C;
+  long long tile_v; long long n_ctiles; long long n_units;
+};
+struct BwdArgs {
+  const void* x; long long x_rs; const void* dy; long long dy_rs; const void* w; const void* bias;
+  const int* table; long long row_len; long long n_docs; const void* init; void* dx; void* dinit;
+  void* dw; void* db; long long accumulate; void* workspace; unsigned int* tickets; long long S;
+  long long C; long long tile_v; long long n_ctiles; long long n_units; long long root_level;
+  const void* next_x; const void* next_dy; long long n_next; long long n_vec; long long split;
+};
+struct FoldArgs {
+  const void* workspace; void* dw; void* db; long long accumulate; long long C; long long n_nodes;
+  long long levels;
+};
+
 // ---- conversions (round to nearest even on the way out) -------------------------------------
 template <typename To, typename From> struct Convert;
 template <> struct Convert<float, float> { static C1S_FN float run(float v) { return v; } };
@@ -122,14 +143,38 @@ template <typename H> inline unsigned int pack2(H, float lo, float hi) {
 }
 #endif
 
-template <typename A, typename T, int N, typename I>
+// ---- loads through the read-only (non-coherent) path -------------------------------------------
+// For the inputs no kernel writes (x, weights, bias, initial states, document tables). The compiler
+// takes this path by itself only for const __restrict__ kernel parameters, which the fields of an
+// argument struct are not.
+template <int BYTES> struct RoWord;
+template <> struct RoWord<2> { using type = unsigned short; };
+template <> struct RoWord<4> { using type = unsigned int; };
+template <> struct RoWord<8> { using type = unsigned long long; };
+#ifndef CONV1D_SILU_EMULATE
+template <> struct RoWord<16> { using type = uint4; };
+#endif
+template <typename T> C1S_FN T load_ro(const T* p) {
+#ifndef CONV1D_SILU_EMULATE
+  using W = typename RoWord<sizeof(T)>::type;
+  const W v = __ldg(reinterpret_cast<const W*>(p));
+  return *reinterpret_cast<const T*>(&v);
+#else
+  return *p;
+#endif
+}
+
+// RO: global memory no kernel writes (load_ro); else any memory, shared included.
+template <bool RO = false, typename A, typename T, int N, typename I>
 C1S_FN void load_vec(const T* __restrict__ base, I offset, A (&out)[N]) {
   if constexpr (IsHalf<T>::value && N % 2 == 0) {
-    const Vec<unsigned int, N / 2> r = *reinterpret_cast<const Vec<unsigned int, N / 2>*>(base + offset);
+    const auto* at = reinterpret_cast<const Vec<unsigned int, N / 2>*>(base + offset);
+    const Vec<unsigned int, N / 2> r = RO ? load_ro(at) : *at;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) unpack2(T{}, r.v[i], out[2 * i], out[2 * i + 1]);
   } else {
-    const Vec<T, N> r = *reinterpret_cast<const Vec<T, N>*>(base + offset);
+    const auto* at = reinterpret_cast<const Vec<T, N>*>(base + offset);
+    const Vec<T, N> r = RO ? load_ro(at) : *at;
 #pragma unroll
     for (int e = 0; e < N; ++e) out[e] = cvt<A>(r.v[e]);
   }
@@ -236,6 +281,7 @@ struct DocArgs {
   long long S;
   long long row_len;  // tokens per batch row (BATCH / SEQ_IDX)
   int n_docs;
+  C1S_FN int at(long long i) const { return load_ro(table + i); }
 };
 
 template <int MODE> struct Docs;
@@ -273,16 +319,16 @@ template <> struct Docs<CU_SEQLENS> {
     int lo = 0, hi = a.n_docs - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
-      if (a.table[mid] <= r0) lo = mid; else hi = mid - 1;
+      if (a.at(mid) <= r0) lo = mid; else hi = mid - 1;
     }
     state = lo;
-    next_start = a.table[lo + 1];
-    return (int)min_<long long>(max_<long long>(r0 - a.table[lo], 0), cap);
+    next_start = a.at(lo + 1);
+    return (int)min_<long long>(max_<long long>(r0 - a.at(lo), 0), cap);
   }
   C1S_FN bool next(const DocArgs& a, long long t) {
     if (t < next_start) return false;
-    while (state + 1 < a.n_docs && a.table[state + 1] <= t) ++state;
-    next_start = max_<long long>(a.table[state + 1], t + 1);
+    while (state + 1 < a.n_docs && a.at(state + 1) <= t) ++state;
+    next_start = max_<long long>(a.at(state + 1), t + 1);
     return true;
   }
   C1S_FN bool last(const DocArgs&, long long t) { return t + 1 >= next_start; }
@@ -295,14 +341,14 @@ template <> struct Docs<SEQ_IDX> {
   C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
     const long long row0 = (r0 / a.row_len) * a.row_len;
     next_row = row0 + a.row_len;
-    current = a.table[r0];
+    current = a.at(r0);
     state = max_(current, 0);
     int pos = 0;
-    while (pos < cap && r0 - pos - 1 >= row0 && a.table[r0 - pos - 1] == current) ++pos;
+    while (pos < cap && r0 - pos - 1 >= row0 && a.at(r0 - pos - 1) == current) ++pos;
     return pos;
   }
   C1S_FN bool next(const DocArgs& a, long long t) {
-    const int v = a.table[t];
+    const int v = a.at(t);
     bool start = v != current;
     if (t == next_row) {
       start = true;
@@ -313,7 +359,7 @@ template <> struct Docs<SEQ_IDX> {
     return start;
   }
   C1S_FN bool last(const DocArgs& a, long long t) {
-    return t + 1 == a.S || t + 1 == next_row || a.table[t + 1] != current;
+    return t + 1 == a.S || t + 1 == next_row || a.at(t + 1) != current;
   }
 };
 
@@ -324,8 +370,8 @@ C1S_FN void load_weights(const TW* __restrict__ w, const TW* __restrict__ bias, 
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(w[(c0 + e) * K + k]);
-    bv[e] = HAS_BIAS ? cvt<A>(bias[c0 + e]) : A(0);
+    for (int k = 0; k < K; ++k) wv[k][e] = cvt<A>(load_ro(w + (c0 + e) * K + k));
+    bv[e] = HAS_BIAS ? cvt<A>(load_ro(bias + c0 + e)) : A(0);
   }
 }
 
@@ -343,7 +389,7 @@ C1S_FN void window_before(const T* __restrict__ x, long long x_rs, const T* __re
     if (K - 1 - m <= pos0) {
       load_vec(x, (I)(t - (K - 1) + m) * (I)x_rs + c0, row);
     } else if (HAS_INIT && state < n_docs) {
-      load_vec(init, ((I)state * (K - 1) + m + pos0) * (I)C + c0, row);
+      load_vec<true>(init, ((I)state * (K - 1) + m + pos0) * (I)C + c0, row);
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) row[e] = A(0);

@@ -18,7 +18,7 @@
 // writes them to the workspace, and takes tickets on the parents; the last of a parent's
 // children to arrive folds the parent, and so on up to the root, which is written as
 // dweight/dbias (or added to the fp32 main_grad). Tickets order only the fold: no gradient value
-// is ever summed atomically. With split_ the CTAs only write their nodes, and conv1d_silu_fold,
+// is ever summed atomically. With split the CTAs only write their nodes, and conv1d_silu_fold,
 // launched next, folds the levels above (no ticket, no fence in this kernel).
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
@@ -47,21 +47,26 @@ inline void griddep_wait() {}
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
           bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
-__global__ void __launch_bounds__(256) conv1d_silu_bwd(
-    const T* __restrict__ x, long long x_rs, const T* __restrict__ dy, long long dy_rs,
-    const TW* __restrict__ w, const TW* __restrict__ bias, const int* __restrict__ table,
-    long long row_len, long long n_docs_, const T* __restrict__ init, T* __restrict__ dx,
-    T* __restrict__ dinit, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
-    void* __restrict__ workspace, unsigned int* __restrict__ tickets, long long S, long long C_,
-    long long tile_v_, long long n_ctiles_, long long n_units, long long root_level_,
-    const T* __restrict__ next_x, const T* __restrict__ next_dy, long long n_next_, long long n_vec,
-    long long split_) {
+__global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c1s::BwdArgs a) {
   using namespace c1s;
-  // every CTA has started: the fold (split_) may launch and wait for this grid in a free slot
+  // every CTA has started: the fold (split) may launch and wait for this grid in a free slot
   griddep_launch_dependents();
-  // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
-  const int n_docs = (int)n_docs_, accumulate = (int)accumulate_, C = (int)C_, tile_v = (int)tile_v_;
-  const int n_ctiles = (int)n_ctiles_, root_level = (int)root_level_, n_next = (int)n_next_;
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ dy = static_cast<const T*>(a.dy);
+  const TW* __restrict__ w = static_cast<const TW*>(a.w);
+  const TW* __restrict__ bias = static_cast<const TW*>(a.bias);
+  const T* __restrict__ init = static_cast<const T*>(a.init);
+  const T* __restrict__ next_x = static_cast<const T*>(a.next_x);
+  const T* __restrict__ next_dy = static_cast<const T*>(a.next_dy);
+  T* __restrict__ dx = static_cast<T*>(a.dx);
+  T* __restrict__ dinit = static_cast<T*>(a.dinit);
+  TG* __restrict__ dw = static_cast<TG*>(a.dw);
+  TG* __restrict__ db = static_cast<TG*>(a.db);
+  unsigned int* __restrict__ tickets = a.tickets;
+  const long long x_rs = a.x_rs, dy_rs = a.dy_rs, S = a.S, n_units = a.n_units, n_vec = a.n_vec;
+  // the struct's 8-byte fields narrow here
+  const int n_docs = (int)a.n_docs, accumulate = (int)a.accumulate, C = (int)a.C, tile_v = (int)a.tile_v;
+  const int n_ctiles = (int)a.n_ctiles, root_level = (int)a.root_level, n_next = (int)a.n_next;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
   // A lane walks SPL slabs. Below FAN, the CTA's LANES / SPL lanes share one level-1 node and each
@@ -85,9 +90,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   constexpr int PLANS = FLAT ? 32 : 1;
   __shared__ long long col_node[PLANS], col_src[PLANS], col_dst[PLANS];
   __shared__ int col_c[PLANS], col_n[PLANS];
-  A* ws = reinterpret_cast<A*>(workspace);
+  A* ws = reinterpret_cast<A*>(a.workspace);
 
-  const DocArgs da{table, S, row_len, n_docs};
+  const DocArgs da{a.table, S, a.row_len, n_docs};
   const int lane = threadIdx.x / tile_v;
   const int vl = threadIdx.x - lane * tile_v;
   const int tile_c = tile_v * VEC;
@@ -378,7 +383,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
     static_assert(FAN == 8, "parents by shifts");
     const long long n_tk = FLAT ? n_vec : n_ctiles;  // tickets per parent
     int shift = 3;  // a CTA-level node's parent at this level: node >> shift
-    const int climb_to = split_ ? CTA_LEVEL : root_level;
+    const int climb_to = a.split ? CTA_LEVEL : root_level;
     for (int level = CTA_LEVEL; level < climb_to; ++level, shift += 3) {
       __syncthreads();  // the nodes are written, the previous level's plans read
       int fold = 0;     // children of plan g's parent that this CTA folds (0: none)
@@ -441,26 +446,28 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(
   }
 }
 
-// The canonical tree above the CTAs' level for a backward launched with split_: the folds of the
+// The canonical tree above the CTAs' level for a backward launched with split: the folds of the
 // tickets' climb (FAN children in index order, missing ones as +0), so the same bits. One CTA per
 // FOLD_COLS channels of one reduced row k; the first level reads the CTAs' nodes from the
 // workspace (every load of a parent before its adds), the levels above stay in shared memory
 // (rows [0, np) and [np, np + np / FAN), used in turn). Launched programmatically after the
 // backward, it may be resident before the backward ends and waits for its writes first.
 constexpr int FOLD_COLS = 32, FOLD_ROWS = 16, FOLD_BATCH = 4;  // 512 threads: channels x parents
+// Its argument is not __grid_constant__: NVRTC 13 then keeps the children (ch) in local memory.
 template <typename T, typename TG, int K, bool HAS_BIAS>
-__global__ void __launch_bounds__(512) conv1d_silu_fold(
-    const void* __restrict__ workspace, TG* __restrict__ dw, TG* __restrict__ db, long long accumulate_,
-    long long C_, long long n_nodes, long long levels_) {
+__global__ void __launch_bounds__(512) conv1d_silu_fold(const c1s::FoldArgs a) {
   using namespace c1s;
   using A = typename Acc<T>::type;
   constexpr int NB = K + (HAS_BIAS ? 1 : 0);
-  const int C = (int)C_, levels = (int)levels_, accumulate = (int)accumulate_;
+  TG* __restrict__ dw = static_cast<TG*>(a.dw);
+  TG* __restrict__ db = static_cast<TG*>(a.db);
+  const long long n_nodes = a.n_nodes;
+  const int C = (int)a.C, levels = (int)a.levels, accumulate = (int)a.accumulate;
   const int n_ct = (C + FOLD_COLS - 1) / FOLD_COLS;
   const int k = (int)blockIdx.x / n_ct;
   const int tx = (int)threadIdx.x % FOLD_COLS, ty = (int)threadIdx.x / FOLD_COLS;
   const int c = ((int)blockIdx.x - k * n_ct) * FOLD_COLS + tx;
-  const A* ws = static_cast<const A*>(workspace);
+  const A* ws = static_cast<const A*>(a.workspace);
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
   // Pass 0 runs the whole fold with every global access predicated off while the backward still

@@ -13,18 +13,21 @@
 
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
           bool SILU, typename I, int ROWS, int DEPTH>
-__global__ void __launch_bounds__(256) conv1d_silu_fwd(
-    const T* __restrict__ x, long long x_rs, const TW* __restrict__ w, const TW* __restrict__ bias,
-    const int* __restrict__ table, long long row_len, long long n_docs_, const T* __restrict__ init,
-    T* __restrict__ y, T* __restrict__ final_states, long long S, long long C_, long long tile_v_,
-    long long n_ctiles_, long long n_units) {
+__global__ void __launch_bounds__(256) conv1d_silu_fwd(const __grid_constant__ c1s::FwdArgs a) {
   using namespace c1s;
-  // Every parameter is 8 bytes (runtime.pack_args); the 32-bit ones narrow here.
-  const int n_docs = (int)n_docs_, C = (int)C_, tile_v = (int)tile_v_, n_ctiles = (int)n_ctiles_;
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const TW* __restrict__ w = static_cast<const TW*>(a.w);
+  const TW* __restrict__ bias = static_cast<const TW*>(a.bias);
+  const T* __restrict__ init = static_cast<const T*>(a.init);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  T* __restrict__ final_states = static_cast<T*>(a.final_states);
+  const long long x_rs = a.x_rs, S = a.S, n_units = a.n_units;
+  // the struct's 8-byte fields narrow here
+  const int n_docs = (int)a.n_docs, C = (int)a.C, tile_v = (int)a.tile_v, n_ctiles = (int)a.n_ctiles;
   using A = typename Acc<T>::type;
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   const RowPipe<T, VEC, K, 1, DEPTH> pipe{reinterpret_cast<T*>(smem_raw)};
-  const DocArgs da{table, S, row_len, n_docs};
+  const DocArgs da{a.table, S, a.row_len, n_docs};
 
   for (long long unit = blockIdx.x; unit < n_units; unit += gridDim.x) {
     const int ct = (int)(unit % n_ctiles);
