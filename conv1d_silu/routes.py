@@ -1,4 +1,4 @@
-"""Programs and the route table (DESIGN.md section 5). Pure Python: testable without a GPU.
+"""Programs and the route table. Pure Python: testable without a GPU.
 
 A *program* is a kernel entry point plus its launch geometry. A *route* maps (arch, variant) to
 an ordered list of rules; each rule names a program with a channel band ``[c_lo, c_hi)``, a token
@@ -62,8 +62,8 @@ PROGRAMS: dict[str, Program] = {
     for p in (
         Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
         Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
-        # Its 256-row CTAs run ~10 % slower when the output lies in memory allocated right after a
-        # large free; the 128-row fwd_rows16_8b never did (docs/performance.md v11).
+        # Its 256-row CTAs run 10-11 % slower when the output lands in memory mapped right after a
+        # large free (H200, 65536 to 1M tokens); the 128-row fwd_rows16_8b has no such mode.
         Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8, routed=False),
         Program(
             "fwd_rows16_8b",
@@ -72,8 +72,8 @@ PROGRAMS: dict[str, Program] = {
             rows_per_lane=16,
             vec_bytes=8,
         ),
-        # Rows of 392 channels in 28-vector tiles left 12 % of the threads idle and cost 23 % more
-        # than 384; laid flat they cost 8 % more (docs/performance.md v19).
+        # Rows of 392 channels in tiles of 20-28 vectors leave 8-12 % of the threads idle and cost
+        # 24 % more than 384 at a million tokens on the H200; laid flat they cost 8 % more.
         Program(
             "fwd_flat16_8b",
             "fwd",
@@ -106,11 +106,13 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
             vec_bytes=8,
         ),
+        # At 131072 x 384 its 384 CTAs of 128 threads spread ~3 per SM over all 132 SMs, where 192
+        # CTAs of 256 threads leave 72 SMs with one.
         Program(
             "rowgroup_long16_8b",
             "bwd",
             "row groups of 64 slabs (8 per thread), 8-byte accesses, channel tiles of 16 vectors (128 threads): "
-            "a partial wave spreads over every SM (docs/performance.md v9)",
+            "a partial wave spreads over every SM",
             max_tile_vectors=16,
             slabs_per_lane=8,
             vec_bytes=8,
@@ -126,8 +128,8 @@ PROGRAMS: dict[str, Program] = {
         ),
         # Lanes of 2 slabs: the once-per-lane work (window, weights, plans, the K-1 tail tokens) spread
         # over twice the rows, at half the threads: 4-7 % ahead of one-slab lanes at 32768-131072
-        # tokens on the H200 (docs/performance.md v37). Lanes of 4 slabs (branch wip/lane-slabs4, where
-        # the climb's loads are batched to fit 128 registers) never won on the H100 (v38).
+        # tokens on the H200. Lanes of 4 slabs are 2.3-6 % behind the best program at every shape
+        # measured on the H100, so no program has them.
         Program(
             "rowgroup2_8b",
             "bwd",
@@ -155,8 +157,8 @@ PROGRAMS: dict[str, Program] = {
             flat=True,
         ),
         # With eight-slab walks, 16-column CTAs (a boundary every 128 bytes of each row) read 22 % more
-        # from DRAM and take 1.33x the time of 32-column ones at 1M x 264 (docs/performance.md v22); where
-        # CTAs are scarce (65536-131072 tokens) the 16-column program still wins, so the tuner picks.
+        # from DRAM and take 1.33x the time of 32-column ones at 1M x 264 on the H200; where CTAs are
+        # scarce (65536-131072 tokens) the 16-column program still wins, so the tuner picks.
         Program(
             "rowgroup_long_flat32_8b",
             "bwd",
@@ -166,8 +168,8 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
             flat=True,
         ),
-        # 16-byte copies through the L1 (v30) made this program 1-12 % faster than the
-        # 8-byte flat32 one at ragged C from 262144 tokens on the H100 (v31), at half the warps per SM.
+        # With 16-byte copies through the L1 this program is 1-12 % faster than the 8-byte flat32 one
+        # at ragged C from 262144 tokens on the H100, at half the warps per SM.
         Program(
             "rowgroup_long_flat32",
             "bwd",
@@ -192,9 +194,10 @@ PROGRAMS: dict[str, Program] = {
     )
 }
 
-# The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries (docs/performance.md v8):
-# a tile that starts mid-sector costs up to 30 %, but the aligned width that wins depends on the
-# program, C and S (occupancy, waves), so the tuner picks among them per band.
+# The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries: an aligned tile as wide
+# as a balanced one that starts mid-sector is up to 25 % faster (fwd_rows_8b at C = 272,
+# rowgroup_long_8b at 320, on the H200), but the aligned width that wins depends on the program, C
+# and S (16-vector forward tiles lose 20 % at C = 408), so the tuner picks among them per band.
 ALIGNED_TILES = {
     "fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64),
     "rowgroup2_8b": (128,),
@@ -212,7 +215,7 @@ ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")
 
 
 def variant_name(direction: str, bias: bool, documents: bool, fp32_grads: bool = False) -> str:
-    """The seed's variant name for a call. A document table names the variant (``*_dt``), then
+    """The route variant of a call. A document table names the variant (``*_dt``), then
     fp32 weight grads (``bwd*_fp32g``), then bias; every combination runs, this only routes it."""
     if documents:
         return f"{direction}_dt"
@@ -255,13 +258,13 @@ def _plain(variants=VARIANTS) -> dict[str, tuple[Rule, ...]]:
 
 
 def _sm107a() -> dict[str, tuple[Rule, ...]]:
-    # The seed's measured rule for sm_107a, verbatim: only the default deterministic backward.
+    # FlashInfer's det-train kernel rules for sm_107a, verbatim: only the default deterministic backward.
     routes = _plain()
-    seed = "seed rule (sm_107a measurements)"
+    flashinfer = "FlashInfer's det-train kernel rule for sm_107a"
     routes["bwd"] = (
-        Rule("rowgroup_sm", 264, 296, 32768, why=seed),
-        Rule("rowgroup_sm", 344, 416, 32768, why=seed),
-        Rule("rowgroup_sm_long", 256, 257, 262144, why=seed + ": second token-floored program, C = 256"),
+        Rule("rowgroup_sm", 264, 296, 32768, why=flashinfer),
+        Rule("rowgroup_sm", 344, 416, 32768, why=flashinfer),
+        Rule("rowgroup_sm_long", 256, 257, 262144, why=flashinfer),
         BWD_DEFAULT,
     )
     return routes

@@ -93,8 +93,7 @@ def _programs(variant: str, only: list[str] | None = None) -> list[str]:
 def _timed(variant: str, C: int, S: int, K: int, dtype, programs, arch: str | None) -> list[str]:
     """The programs timed at one point: those asked for (default: every one) and, when only some
     are asked for, the program the current route picks there, so a program is rated against the
-    incumbent in the same run (runs two days apart differed by up to 6 % at a point: v37 in
-    docs/performance.md)."""
+    incumbent in the same run (runs two days apart differ by up to 6 % at a point on the H200)."""
     names = _programs(variant, programs)
     if programs and arch:
         routed = routes.rule_for(arch, variant, C, S, K, routes.dtype_name(dtype)).program
@@ -173,8 +172,8 @@ def measure(
             for C in Cs:
                 i += 1
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
-                # from an empty cache, as the bench measures: right after a large free some programs
-                # run ~10 % slower (docs/performance.md v11)
+                # from an empty cache, as the bench measures: right after a large free the 32-row
+                # forwards run 10-11 % slower
                 torch.cuda.empty_cache()
                 out.append(_point(variant, C, S, K, dtype, timer, programs))
     log.write("\n")
