@@ -392,10 +392,10 @@ def load_table(path) -> tuple[str, dict[str, tuple[Rule, ...]]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise RouteTableError(f"route table {path.name}: not JSON: {err}") from None
-    arch, routes = parse_table(data, path.name)
+        raise RouteTableError(f"route table {path}: not JSON: {err}") from None
+    arch, routes = parse_table(data, str(path))
     if path.name != f"{arch}.json":
-        raise RouteTableError(f"route table {path.name}: holds the routes of {arch!r}; name it {arch}.json")
+        raise RouteTableError(f"route table {path}: holds the routes of {arch!r}; name it {arch}.json")
     return arch, routes
 
 
