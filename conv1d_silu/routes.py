@@ -1,9 +1,12 @@
-"""Programs and the route table (DESIGN.md section 5). Pure Python: testable without a GPU.
+"""Programs and the route table. Pure Python: testable without a GPU.
 
 A *program* is a kernel entry point plus its launch geometry. A *route* maps (arch, variant) to
 an ordered list of rules; each rule names a program with a channel band ``[c_lo, c_hi)``, a token
 floor ``s_min`` and optional dtype / K conditions. The first matching rule wins; every route ends
 in a default rule that matches everything.
+
+The rules are data: ``route_tables/<arch>.json`` (package data), one file per arch, written by
+``python -m conv1d_silu.tune``; an arch without a file routes every call to the default programs.
 
 All backward programs compute dweight/dbias with the same canonical reduction (see
 ``docs/kernel-design.md``), so a route changes speed, never bits.
@@ -12,8 +15,10 @@ All backward programs compute dweight/dbias with the same canonical reduction (s
 from __future__ import annotations
 
 import functools
+import importlib.resources
+import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,8 +67,8 @@ PROGRAMS: dict[str, Program] = {
     for p in (
         Program("reference", "any", "PyTorch reference (CPU and GPU; float64-capable)", cuda=False),
         Program("fwd_rows", "fwd", "forward: each thread walks 32 tokens of one channel vector"),
-        # Its 256-row CTAs run ~10 % slower when the output lies in memory allocated right after a
-        # large free; the 128-row fwd_rows16_8b never did (docs/performance.md v11).
+        # Its 256-row CTAs run 10-11 % slower when the output lands in memory mapped right after a
+        # large free (H200, 65536 to 1M tokens); the 128-row fwd_rows16_8b has no such mode.
         Program("fwd_rows_8b", "fwd", "forward with 8-byte accesses (twice the threads)", vec_bytes=8, routed=False),
         Program(
             "fwd_rows16_8b",
@@ -72,8 +77,8 @@ PROGRAMS: dict[str, Program] = {
             rows_per_lane=16,
             vec_bytes=8,
         ),
-        # Rows of 392 channels in 28-vector tiles left 12 % of the threads idle and cost 23 % more
-        # than 384; laid flat they cost 8 % more (docs/performance.md v19).
+        # Rows of 392 channels in tiles of 20-28 vectors leave 8-12 % of the threads idle and cost
+        # 24 % more than 384 at a million tokens on the H200; laid flat they cost 8 % more.
         Program(
             "fwd_flat16_8b",
             "fwd",
@@ -106,11 +111,13 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
             vec_bytes=8,
         ),
+        # At 131072 x 384 its 384 CTAs of 128 threads spread ~3 per SM over all 132 SMs, where 192
+        # CTAs of 256 threads leave 72 SMs with one.
         Program(
             "rowgroup_long16_8b",
             "bwd",
             "row groups of 64 slabs (8 per thread), 8-byte accesses, channel tiles of 16 vectors (128 threads): "
-            "a partial wave spreads over every SM (docs/performance.md v9)",
+            "a partial wave spreads over every SM",
             max_tile_vectors=16,
             slabs_per_lane=8,
             vec_bytes=8,
@@ -126,8 +133,8 @@ PROGRAMS: dict[str, Program] = {
         ),
         # Lanes of 2 slabs: the once-per-lane work (window, weights, plans, the K-1 tail tokens) spread
         # over twice the rows, at half the threads: 4-7 % ahead of one-slab lanes at 32768-131072
-        # tokens on the H200 (docs/performance.md v37). Lanes of 4 slabs (branch wip/lane-slabs4, where
-        # the climb's loads are batched to fit 128 registers) never won on the H100 (v38).
+        # tokens on the H200. Lanes of 4 slabs are 2.3-6 % behind the best program at every shape
+        # measured on the H100, so no program has them.
         Program(
             "rowgroup2_8b",
             "bwd",
@@ -155,8 +162,8 @@ PROGRAMS: dict[str, Program] = {
             flat=True,
         ),
         # With eight-slab walks, 16-column CTAs (a boundary every 128 bytes of each row) read 22 % more
-        # from DRAM and take 1.33x the time of 32-column ones at 1M x 264 (docs/performance.md v22); where
-        # CTAs are scarce (65536-131072 tokens) the 16-column program still wins, so the tuner picks.
+        # from DRAM and take 1.33x the time of 32-column ones at 1M x 264 on the H200; where CTAs are
+        # scarce (65536-131072 tokens) the 16-column program still wins, so the tuner picks.
         Program(
             "rowgroup_long_flat32_8b",
             "bwd",
@@ -166,8 +173,8 @@ PROGRAMS: dict[str, Program] = {
             vec_bytes=8,
             flat=True,
         ),
-        # 16-byte copies through the L1 (v30) made this program 1-12 % faster than the
-        # 8-byte flat32 one at ragged C from 262144 tokens on the H100 (v31), at half the warps per SM.
+        # With 16-byte copies through the L1 this program is 1-12 % faster than the 8-byte flat32 one
+        # at ragged C from 262144 tokens on the H100, at half the warps per SM.
         Program(
             "rowgroup_long_flat32",
             "bwd",
@@ -192,9 +199,10 @@ PROGRAMS: dict[str, Program] = {
     )
 }
 
-# The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries (docs/performance.md v8):
-# a tile that starts mid-sector costs up to 30 %, but the aligned width that wins depends on the
-# program, C and S (occupancy, waves), so the tuner picks among them per band.
+# The 8-byte programs with channel tiles on 32 / 64 / 128-byte boundaries: an aligned tile as wide
+# as a balanced one that starts mid-sector is up to 25 % faster (fwd_rows_8b at C = 272,
+# rowgroup_long_8b at 320, on the H200), but the aligned width that wins depends on the program, C
+# and S (16-vector forward tiles lose 20 % at C = 408), so the tuner picks among them per band.
 ALIGNED_TILES = {
     "fwd_rows_8b": (32, 64), "fwd_rows16_8b": (32, 64), "rowgroup_8b": (32, 128), "rowgroup_long_8b": (32, 64),
     "rowgroup2_8b": (128,),
@@ -212,7 +220,7 @@ ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")
 
 
 def variant_name(direction: str, bias: bool, documents: bool, fp32_grads: bool = False) -> str:
-    """The seed's variant name for a call. A document table names the variant (``*_dt``), then
+    """The route variant of a call. A document table names the variant (``*_dt``), then
     fp32 weight grads (``bwd*_fp32g``), then bias; every combination runs, this only routes it."""
     if documents:
         return f"{direction}_dt"
@@ -231,7 +239,6 @@ class Rule:
     s_min: int = 0
     dtypes: frozenset[str] | None = None  # x dtype names, e.g. {"bfloat16"}
     ks: frozenset[int] | None = None
-    why: str = field(default="", compare=False)
 
     def matches(self, C: int, S: int, K: int, dtype: str) -> bool:
         return (
@@ -245,46 +252,165 @@ class Rule:
     def is_default(self) -> bool:
         return (self.c_lo, self.c_hi, self.s_min, self.dtypes, self.ks) == (0, INF, 0, None, None)
 
+    @property
+    def condition(self) -> str:
+        """Where the rule applies, in words (``"264 <= C < 296, S >= 32768"``; ``"every call"``)."""
+        parts = []
+        if (self.c_lo, self.c_hi) != (0, INF):
+            parts.append(f"{self.c_lo} <= C" + (f" < {self.c_hi}" if self.c_hi < INF else ""))
+        if self.s_min:
+            parts.append(f"S >= {self.s_min}")
+        if self.dtypes is not None:
+            parts.append(f"dtype in {sorted(self.dtypes)}")
+        if self.ks is not None:
+            parts.append(f"K in {sorted(self.ks)}")
+        return ", ".join(parts) or "every call"
 
-FWD_DEFAULT = Rule("fwd_rows", why="the one forward program")
-BWD_DEFAULT = Rule("rowgroup", why="default backward program")
+
+FWD_DEFAULT = Rule("fwd_rows")
+BWD_DEFAULT = Rule("rowgroup")
 
 
-def _plain(variants=VARIANTS) -> dict[str, tuple[Rule, ...]]:
-    return {v: ((FWD_DEFAULT,) if v.startswith("fwd") else (BWD_DEFAULT,)) for v in variants}
+def default_rule(variant: str) -> Rule:
+    return FWD_DEFAULT if variant.startswith("fwd") else BWD_DEFAULT
 
 
-def _sm107a() -> dict[str, tuple[Rule, ...]]:
-    # The seed's measured rule for sm_107a, verbatim: only the default deterministic backward.
-    routes = _plain()
-    seed = "seed rule (sm_107a measurements)"
-    routes["bwd"] = (
-        Rule("rowgroup_sm", 264, 296, 32768, why=seed),
-        Rule("rowgroup_sm", 344, 416, 32768, why=seed),
-        Rule("rowgroup_sm_long", 256, 257, 262144, why=seed + ": second token-floored program, C = 256"),
-        BWD_DEFAULT,
+class RouteTableError(ValueError):
+    """A route table file that does not parse as one (the message names the file and the entry)."""
+
+
+_RULE_KEYS = {"program", "c_lo", "c_hi", "s_min", "dtypes", "ks"}
+_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def _rule(raw, where: str, direction: str, fail) -> Rule:
+    if not isinstance(raw, dict):
+        fail(f"{where}: expected an object, got {raw!r}")
+    if "program" not in raw:
+        fail(f"{where}: no 'program'")
+    if set(raw) - _RULE_KEYS:
+        fail(f"{where}: unknown keys {sorted(set(raw) - _RULE_KEYS)} (expected some of {sorted(_RULE_KEYS)})")
+    name = raw["program"]
+    program = PROGRAMS.get(name) if isinstance(name, str) else None
+    if program is None:
+        fail(f"{where}: unknown program {name!r}")
+    if program.direction != direction:
+        fail(f"{where}: {name!r} is a {program.direction} program, in a {direction} route")
+    if not program.routed:
+        fail(f"{where}: {name!r} is never routed (Program.routed is False)")
+
+    def count(key: str, default: int | None) -> int:
+        value = raw.get(key, default)
+        if value is None and key == "c_hi":
+            return INF  # no upper bound
+        if type(value) is not int or value < 0:
+            fail(f"{where}: {key} must be a non-negative integer{' or null' if key == 'c_hi' else ''}, got {value!r}")
+        return value
+
+    c_lo, c_hi, s_min = count("c_lo", 0), count("c_hi", None), count("s_min", 0)
+    if c_lo >= c_hi:
+        fail(f"{where}: empty channel band c_lo = {c_lo} >= c_hi = {c_hi}")
+    dtypes, ks = raw.get("dtypes"), raw.get("ks")
+    if dtypes is not None and (not isinstance(dtypes, list) or not dtypes or any(d not in _DTYPES for d in dtypes)):
+        fail(f"{where}: dtypes must be a non-empty list of {_DTYPES}, got {dtypes!r}")
+    if ks is not None and (not isinstance(ks, list) or not ks or any(type(k) is not int or k < 1 for k in ks)):
+        fail(f"{where}: ks must be a non-empty list of positive integers, got {ks!r}")
+    return Rule(
+        name, c_lo, c_hi, s_min,
+        None if dtypes is None else frozenset(dtypes),
+        None if ks is None else frozenset(ks),
     )
-    return routes
 
 
-def _sm90() -> dict[str, tuple[Rule, ...]]:
-    from . import routes_sm90  # measured rows written by `python -m conv1d_silu.tune`
+def parse_table(data, source: str) -> tuple[str, dict[str, tuple[Rule, ...]]]:
+    """The arch and its routes (variant -> ordered rules, each ending in a default) from a route
+    table's JSON data; variants the table does not list get the default alone.
 
-    routes = _plain()
-    for variant, rules in routes_sm90.ROUTES.items():
-        routes[variant] = tuple(rules) + routes[variant]
-    return routes
+    Raises RouteTableError, naming ``source``, for anything but a well-formed table."""
+
+    def fail(message: str):
+        raise RouteTableError(f"route table {source}: {message}")
+
+    if not isinstance(data, dict) or set(data) != {"arch", "measured", "routes"}:
+        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        fail(f"expected an object with the keys ['arch', 'measured', 'routes'], got {keys}")
+    arch, measured, table = data["arch"], data["measured"], data["routes"]
+    if arch not in ARCHS:
+        fail(f"arch {arch!r} is not one of {ARCHS}")
+    if not isinstance(measured, dict):
+        fail(f"'measured' must be an object (GPU, tool, dtype, K, dates), got {measured!r}")
+    if not isinstance(table, dict):
+        fail(f"'routes' must be an object of variant -> rules, got {table!r}")
+    routes = {v: (default_rule(v),) for v in VARIANTS}
+    for variant, raw_rules in table.items():
+        if variant not in VARIANTS:
+            fail(f"unknown variant {variant!r} (expected one of {VARIANTS})")
+        if not isinstance(raw_rules, list) or not raw_rules:
+            fail(f"routes.{variant}: expected a non-empty list of rules")
+        rules = tuple(
+            _rule(raw, f"routes.{variant}[{i}]", variant[:3], fail) for i, raw in enumerate(raw_rules)
+        )
+        catch_all = [i for i, r in enumerate(rules) if r.is_default]
+        if not catch_all:
+            fail(f"routes.{variant}: no default: the last rule must match every call (only 'program')")
+        if catch_all[0] != len(rules) - 1:
+            fail(f"routes.{variant}[{catch_all[0]}] matches every call, so the rules after it never apply")
+        routes[variant] = rules
+    return arch, routes
 
 
-def route_table() -> dict[str, dict[str, tuple[Rule, ...]]]:
-    """arch -> variant -> ordered rules (each ending in a default)."""
-    return {
-        "sm_90": _sm90(),
-        "sm_100a": _plain(),
-        "sm_103a": _plain(),
-        "sm_107a": _sm107a(),
-        "generic": _plain(),
-    }
+def format_table(arch: str, measured: dict, routes: dict[str, list[Rule]]) -> str:
+    """A route table as JSON, one rule per line; each listed variant's rules get the default appended
+    unless they end in one (the format ``parse_table`` reads)."""
+
+    def rule(r: Rule) -> str:
+        if r.is_default:
+            return json.dumps({"program": r.program})
+        d = {"program": r.program, "c_lo": r.c_lo, "c_hi": None if r.c_hi >= INF else r.c_hi, "s_min": r.s_min}
+        if r.dtypes is not None:
+            d["dtypes"] = sorted(r.dtypes)
+        if r.ks is not None:
+            d["ks"] = sorted(r.ks)
+        return json.dumps(d)
+
+    blocks = []
+    for variant in sorted(routes, key=VARIANTS.index):
+        rules = list(routes[variant])
+        if not rules or not rules[-1].is_default:
+            rules.append(default_rule(variant))
+        lines = ",\n".join(f"      {rule(r)}" for r in rules)
+        blocks.append(f"    {json.dumps(variant)}: [\n{lines}\n    ]")
+    routes_text = "{\n" + ",\n".join(blocks) + "\n  }" if blocks else "{}"
+    return (
+        f'{{\n  "arch": {json.dumps(arch)},\n  "measured": {json.dumps(measured)},\n'
+        f'  "routes": {routes_text}\n}}\n'
+    )
+
+
+def load_table(path) -> tuple[str, dict[str, tuple[Rule, ...]]]:
+    """``parse_table`` of a file (a path or an ``importlib.resources`` entry) named ``<arch>.json``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise RouteTableError(f"route table {path}: not JSON: {err}") from None
+    arch, routes = parse_table(data, str(path))
+    if path.name != f"{arch}.json":
+        raise RouteTableError(f"route table {path}: holds the routes of {arch!r}; name it {arch}.json")
+    return arch, routes
+
+
+def route_table(directory=None) -> dict[str, dict[str, tuple[Rule, ...]]]:
+    """arch -> variant -> ordered rules (each ending in a default), from the ``<arch>.json`` files of
+    ``directory`` (default: the package's ``route_tables``); archs without a file, and 'generic',
+    get the defaults alone."""
+    if directory is None:
+        directory = importlib.resources.files(__package__) / "route_tables"
+    table = {arch: {v: (default_rule(v),) for v in VARIANTS} for arch in (*ARCHS, "generic")}
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            arch, routes = load_table(entry)
+            table[arch] = routes
+    return table
 
 
 ROUTES = route_table()
@@ -297,7 +423,7 @@ def arch_of(capability: tuple[int, int]) -> str:
     return name if name in ROUTES else "generic"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_unknown(arch: str) -> None:
     logger.warning("conv1d_silu: no route table for arch %r; using the generic route", arch)
 
@@ -321,7 +447,7 @@ def select(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bf
     return PROGRAMS[rule_for(arch, variant, C, S, K, dtype).program]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

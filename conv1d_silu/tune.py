@@ -1,22 +1,33 @@
 """Route tuner: ``python -m conv1d_silu.tune``.
 
 On the current GPU, times every program of each variant (forward and backward) over a grid of C
-(64..4096, every 8 from 256 to 512) and S (32768 .. 262144, 1048576), bf16, K = 4, cold L2,
-medians of CUDA-event timings, and writes
+(64..4096, every 8 from 256 to 512) and S (512 .. 262144, 1048576), bf16, K = 4, cold L2, medians
+of CUDA-graph replays, and chooses this arch's route table: a non-default program is routed for a
+C band from a token floor only where it beat the default by more than the noise margin at that
+floor and at every larger S measured. All backward programs give the same bits (canonical
+reduction), so a route changes speed only.
 
-* the route rows for this arch (``conv1d_silu/routes_<arch>.py``): a non-default program is routed
-  for a C band from a token floor only where it beat the default by more than the noise margin at
-  that floor and at every larger S measured;
-* the evidence (``docs/routes-<arch>.md``): every time measured and the rule each one chose.
-
-All backward programs give the same bits (canonical reduction), so routing only changes speed.
+Files written (the installed package is never written unless --write-package is given):
+  OUT/<arch>.json       the route table, in the format of conv1d_silu/route_tables/<arch>.json; it
+                        lists the variants measured, the others route to the default program
+  OUT/routes-<arch>.md  the evidence: every time measured and the program each point routes to
+  OUT is --out DIR, by default ./tune-<arch>/ in the current directory.
+  --write-package       also writes conv1d_silu/route_tables/<arch>.json, the table the package
+                        routes by; refused unless the package is a writable source checkout
+                        (pyproject.toml beside it, not under site-packages). Without it, copy
+                        OUT/<arch>.json there by hand to use it.
+  --json FILE           dumps the measurements. --from-json FILE [FILE ...] chooses the routes
+                        again from such dumps, without a GPU, and writes both files, e.g. to
+                        regenerate the evidence: python -m conv1d_silu.tune --from-json tune.json --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -29,7 +40,7 @@ from . import gpu, ops, routes, runtime
 from .bench import Timer
 from .documents import doc_table
 
-ROOT = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent  # conv1d_silu/
 DEFAULT_C = sorted({64, 128, 192, *range(256, 513, 8), 640, 768, 1024, 1536, 2048, 3072, 4096})
 DEFAULT_S = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 196608, 262144, 1048576)  # dense below 262144: token floors fall on these
 MARGIN = 0.03  # programs this close to the fastest count as tied
@@ -93,8 +104,7 @@ def _programs(variant: str, only: list[str] | None = None) -> list[str]:
 def _timed(variant: str, C: int, S: int, K: int, dtype, programs, arch: str | None) -> list[str]:
     """The programs timed at one point: those asked for (default: every one) and, when only some
     are asked for, the program the current route picks there, so a program is rated against the
-    incumbent in the same run (runs two days apart differed by up to 6 % at a point: v37 in
-    docs/performance.md)."""
+    incumbent in the same run (runs two days apart differ by up to 6 % at a point on the H200)."""
     names = _programs(variant, programs)
     if programs and arch:
         routed = routes.rule_for(arch, variant, C, S, K, routes.dtype_name(dtype)).program
@@ -155,8 +165,8 @@ def _point(variant: str, C: int, S: int, K: int, dtype, timer: Timer, programs) 
     x, dy, w, b, doc, grad_dtype = _setup(variant, S, C, K, dtype, timer.device)
     times, spread = {}, {}
     for name in _timed(variant, C, S, K, dtype, programs, ops._arch(timer.device)):
-        call = lambda: _call(variant, name, x, dy, w, b, doc, grad_dtype)  # noqa: E731
-        times[name], spread[name] = settled(lambda: timer(call))
+        call = functools.partial(_call, variant, name, x, dy, w, b, doc, grad_dtype)
+        times[name], spread[name] = settled(functools.partial(timer, call))
     return Measurement(variant, C, S, times, spread)
 
 
@@ -173,8 +183,8 @@ def measure(
             for C in Cs:
                 i += 1
                 log.write(f"\r[{i}/{total}] {variant} S={S} C={C}        ")
-                # from an empty cache, as the bench measures: right after a large free some programs
-                # run ~10 % slower (docs/performance.md v11)
+                # from an empty cache, as the bench measures: right after a large free the 32-row
+                # forwards run 10-11 % slower
                 torch.cuda.empty_cache()
                 out.append(_point(variant, C, S, K, dtype, timer, programs))
     log.write("\n")
@@ -203,10 +213,8 @@ def provenance(dumps: list[dict]) -> list[dict]:
     own parts."""
     parts: list[dict] = []
     for d in dumps:
-        if d["meta"].get("parts"):  # older parts name neither GPU nor S: the merged dump's own
-            parts += [{"gpu": d["meta"].get("gpu"),
-                       "S": sorted({m["S"] for m in d["measurements"] if m["variant"] in p["variants"]}), **p}
-                      for p in d["meta"]["parts"]]
+        if d["meta"].get("parts"):
+            parts += d["meta"]["parts"]
         elif d["measurements"]:
             ms = d["measurements"]
             variants = sorted({m["variant"] for m in ms})
@@ -241,28 +249,37 @@ def provenance(dumps: list[dict]) -> list[dict]:
 
 def _measured_at(meta: dict) -> str:
     """'commit X, date' of one run, or each part's commit (GPU, token counts, programs where
-    given), variants and dates."""
+    given), variants and dates (for the evidence, which is never committed)."""
     if not meta.get("parts"):
-        return f"commit {meta['commit'][:10]}, {meta['date']}"
+        return f"commit {str(meta.get('commit'))[:10]}, {meta.get('date')}"
     groups: dict[tuple, list[dict]] = {}
     for p in meta["parts"]:
-        key = (p["commit"], p.get("gpu"), tuple(p.get("S", ())), tuple(p.get("programs", ())))
+        key = (p.get("commit"), p.get("gpu"), tuple(p.get("S", ())), tuple(p.get("programs", ())))
         groups.setdefault(key, []).append(p)
     out = []
-    for (commit, gpu, S, programs), parts in groups.items():
-        dates = sorted(p["date"] for p in parts)
+    for (commit, gpu_name, S, programs), parts in groups.items():
+        dates = sorted(str(p.get("date")) for p in parts)
         when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
         what = ", ".join(sorted(v for p in parts for v in p["variants"]))
         what += f" at S = {', '.join(map(str, S))}" if S else ""
         what += f", programs {', '.join(programs)}" if programs else ""
-        out.append(f"{commit[:10]}{f' on {gpu}' if gpu else ''} ({what}: {when})")
+        out.append(f"{str(commit)[:10]}{f' on {gpu_name}' if gpu_name else ''} ({what}: {when})")
     return "commits " + "; ".join(out)
 
 
 def _gpus(meta: dict) -> str:
     """The GPU of a run, or every GPU its parts name."""
-    names = sorted({p["gpu"] for p in meta.get("parts", ()) if p.get("gpu")} | {meta["gpu"]})
-    return " and ".join(names)
+    names = {p["gpu"] for p in meta.get("parts", ()) if p.get("gpu")} | ({meta["gpu"]} if meta.get("gpu") else set())
+    return " and ".join(sorted(names))
+
+
+def measured(meta: dict) -> dict:
+    """A route table's "measured" block: the GPUs, the tool, dtype, K and the dates of the runs."""
+    dates = sorted(str(p["date"])[:10] for p in (meta.get("parts") or [meta]) if p.get("date"))
+    out = {"gpu": _gpus(meta), "by": "python -m conv1d_silu.tune", "dtype": "bfloat16", "K": 4}
+    if dates:
+        out["dates"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return out
 
 
 def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:
@@ -292,7 +309,7 @@ def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[rout
     """
     rules: dict[str, list[routes.Rule]] = {}
     for variant in sorted({m.variant for m in ms}):
-        default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
+        default = routes.default_rule(variant).program
         vm = [routable(m) for m in ms if m.variant == variant]
         Cs = sorted({m.C for m in vm})
         Ss = sorted({m.S for m in vm})
@@ -331,52 +348,46 @@ def choose(ms: list[Measurement], margin: float = MARGIN) -> dict[str, list[rout
                 else:
                     bands.append([C, c_hi, program, floor])
         rules[variant] = [
-            routes.Rule(
-                program, lo, hi, floor,
-                why=f"measured on this arch: fastest within noise for {lo} <= C < "
-                f"{'inf' if hi >= routes.INF else hi} from S = {floor} (docs/routes-<arch>.md)",
-            )
-            for lo, hi, program, floor in sorted(bands, key=lambda b: (-b[3], b[0]))
+            routes.Rule(program, lo, hi, floor) for lo, hi, program, floor in sorted(bands, key=lambda b: (-b[3], b[0]))
         ]
     return rules
 
 
-def write_routes(arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> Path:
-    path = ROOT / f"routes_{arch.replace('sm_', 'sm')}.py"
-    lines = [
-        f'"""Measured {arch} route rows, written by ``python -m conv1d_silu.tune`` on {_gpus(meta)}',
-        f'({_measured_at(meta)}). Evidence: docs/routes-{arch}.md."""',
-        "",
-        "from __future__ import annotations",
-        "",
-        "from .routes import Rule",
-        "",
-        "ROUTES: dict = {",
-    ]
-    for variant, rs in rules.items():
-        if not rs:
-            continue
-        lines.append(f"    {variant!r}: [")
-        for r in rs:
-            hi = "INF" if r.c_hi >= routes.INF else r.c_hi
-            why = r.why.replace("<arch>", arch)
-            lines.append(f"        Rule({r.program!r}, {r.c_lo}, {hi}, {r.s_min}, why={why!r}),")
-        lines.append("    ],")
-    lines.append("}")
-    text = "\n".join(lines) + "\n"
-    if "INF" in text:
-        text = text.replace("from .routes import Rule", "from .routes import INF, Rule")
+def package_tables() -> Path:
+    """The package's own route_tables folder, when the package is a writable source checkout;
+    SystemExit with the reason otherwise (an installed package is never rewritten)."""
+    tables = PACKAGE / "route_tables"
+    why = None
+    if {"site-packages", "dist-packages"} & set(PACKAGE.parts):
+        why = "it lies under site-packages (an installed package)"
+    elif not (PACKAGE.parent / "pyproject.toml").is_file():
+        why = f"{PACKAGE.parent / 'pyproject.toml'} does not exist"
+    elif not (tables.is_dir() and os.access(tables, os.W_OK)):
+        why = f"{tables} is not a writable folder"
+    if why:
+        raise SystemExit(
+            f"--write-package: {PACKAGE} is not a writable source checkout: {why}. Run from a git checkout "
+            "of conv1d_silu, or leave out --write-package and copy OUT/<arch>.json into conv1d_silu/route_tables/ "
+            "of a checkout."
+        )
+    return tables
+
+
+def write_table(path: Path, arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> Path:
+    """The route table ``rules`` as ``path`` (``<arch>.json``), checked by the loader before it lands."""
+    text = routes.format_table(arch, measured(meta), rules)
+    routes.parse_table(json.loads(text), path.name)
     path.write_text(text)
     return path
 
 
-def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
-    path = ROOT.parent / "docs" / f"routes-{arch}.md"
+def write_evidence(path: Path, arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
+    """Every time measured and the program each point routes to, as markdown (``routes-<arch>.md``)."""
     out = [
         f"# Route evidence for {arch}",
         "",
-        f"Measured by `python -m conv1d_silu.tune` on {_gpus(meta)}, torch {meta['torch']}, {_measured_at(meta)}: "
-        f"bf16, K = 4, cold L2, median of {meta['reps']} CUDA-graph replays (µs) of the whole call "
+        f"Measured by `python -m conv1d_silu.tune` on {_gpus(meta)}, torch {meta.get('torch')}, {_measured_at(meta)}: "
+        f"bf16, K = 4, cold L2, median of {meta.get('reps')} CUDA-graph replays (µs) of the whole call "
         "(allocation, ticket memset, kernels), timed with CUDA events. At every measured point the routed program is the "
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
@@ -404,7 +415,7 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
         programs = list(next(m for m in ms if m.variant == variant).times)
         out += ["", f"## {variant}", "", "| S | C | " + " | ".join(programs) + " | routed |", "|---" * (len(programs) + 3) + "|"]
         for m in sorted((m for m in ms if m.variant == variant), key=lambda m: (m.S, m.C)):
-            default = (routes.FWD_DEFAULT if variant.startswith("fwd") else routes.BWD_DEFAULT).program
+            default = routes.default_rule(variant).program
             routed = next((r.program for r in rules.get(variant, []) if r.matches(m.C, m.S, 4, "bfloat16")), default)
             best = min(m.times, key=m.times.get)
             cells = [f"**{m.times[p]:.1f}**" if p == best else f"{m.times[p]:.1f}" if p in m.times else ""
@@ -414,26 +425,46 @@ def write_evidence(arch: str, ms: list[Measurement], rules, meta: dict) -> Path:
     return path
 
 
+def _dump_arch(dumps: list[dict]) -> str:
+    """The one arch the dumps were measured on (``meta["arch"]``)."""
+    archs = {d["meta"].get("arch") for d in dumps} - {None}
+    if len(archs) != 1:
+        raise SystemExit(f"--from-json: the dumps must name one arch in meta['arch'], got {sorted(archs) or 'none'}")
+    return archs.pop()
+
+
 def main(argv=None) -> None:
     from .bench import meta as bench_meta
 
-    p = argparse.ArgumentParser(prog="python -m conv1d_silu.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m conv1d_silu.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     p.add_argument("--C", type=int, nargs="*", default=DEFAULT_C)
     p.add_argument("--S", type=int, nargs="*", default=list(DEFAULT_S))
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--jobs", type=int, default=8, help="parallel NVRTC compiles before timing (0: compile lazily)")
-    p.add_argument("--json", help="also dump the measurements here (with --from-json: the merged ones)")
     p.add_argument("--programs", nargs="*", help="time only these programs (default: every one)")
-    p.add_argument("--from-json", nargs="+", help="skip measuring: choose rules from saved dumps (merged: "
-                   "later files add programs, variants or shapes; time each (variant, C, S) in one run)")
-    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="write <arch>.json and routes-<arch>.md here (default: ./tune-<arch>/)")
+    p.add_argument("--write-package", action="store_true",
+                   help="also write conv1d_silu/route_tables/<arch>.json (a writable source checkout only)")
+    p.add_argument("--no-write", action="store_true", help="write neither file (only --json and the printout)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="also dump the measurements here (with --from-json: the merged ones)")
+    p.add_argument("--from-json", nargs="+", type=Path, metavar="FILE",
+                   help="skip measuring: choose the routes from saved dumps "
+                   "(merged: later files add programs, variants or shapes; time each (variant, C, S) in one run)")
     args = p.parse_args(argv)
+    if args.no_write and (args.write_package or args.out):
+        p.error("--no-write writes no table: leave out --out and --write-package")
+    tables = package_tables() if args.write_package else None  # refuse before an hour of measuring
     if args.from_json:
-        dumps = [json.loads(Path(f).read_text()) for f in args.from_json]
+        dumps = [json.loads(f.read_text()) for f in args.from_json]
         ms, meta = merge(dumps)
         # the parts' provenance, so a merged dump (e.g. of gpu-check tune-parts) says where each came from
         meta = {**meta, "parts": provenance(dumps)}
+        arch = None if args.no_write else _dump_arch(dumps)
     else:
         # --programs of one direction: the other direction's variants have nothing to time
         args.variants = [v for v in args.variants if _programs(v, args.programs)]
@@ -442,19 +473,24 @@ def main(argv=None) -> None:
         ms = measure(args.variants, args.C, args.S, args.reps, programs=args.programs)
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
-        meta["arch"] = ops._arch(torch.device("cuda"))
+        meta["arch"] = arch = ops._arch(torch.device("cuda"))
         if args.programs:
             meta["programs"] = sorted({p for v in args.variants for p in _programs(v, args.programs)})
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
+        args.json.write_text(json.dumps({"meta": meta, "measurements": [m.__dict__ for m in ms]}))
     rules = choose(ms)
     for m in ms:
         print(m.variant, m.S, m.C, " ".join(f"{p}={t:.1f}" for p, t in m.times.items()))
     for variant, rs in rules.items():
         print(variant, [(r.program, r.c_lo, r.c_hi, r.s_min) for r in rs])
-    if not args.no_write:
-        print(write_routes(meta["arch"], rules, meta))
-        print(write_evidence(meta["arch"], ms, rules, meta))
+    if args.no_write:
+        return
+    out = args.out or Path(f"tune-{arch}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(write_table(out / f"{arch}.json", arch, rules, meta))
+    print(write_evidence(out / f"routes-{arch}.md", arch, ms, rules, meta))
+    if tables is not None:
+        print(write_table(tables / f"{arch}.json", arch, rules, meta))
 
 
 if __name__ == "__main__":

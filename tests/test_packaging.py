@@ -1,4 +1,4 @@
-"""The wheel's file list: every Python package and every kernel source the runtime reads ships."""
+"""The wheel's file list: every Python package, kernel source and route table the runtime reads ships."""
 
 from __future__ import annotations
 
@@ -24,10 +24,28 @@ def test_every_python_package_is_listed() -> None:
     assert found == set(_setuptools_config()["packages"])
 
 
+def _is_package_data(path: pathlib.Path, data: dict | None = None) -> bool:
+    """Whether a package-data glob (``data``: pyproject.toml's) of the nearest package above ``path`` matches it."""
+    data = _setuptools_config()["package-data"] if data is None else data
+    for parent in path.parents:
+        if (parent / "__init__.py").exists():
+            package = ".".join(parent.relative_to(ROOT).parts)
+            relative = path.relative_to(parent).as_posix()
+            return any(fnmatch.fnmatch(relative, g) for g in data.get(package, []))
+    return False
+
+
 def test_every_kernel_source_is_package_data() -> None:
-    data = _setuptools_config()["package-data"]
     sources = [p for p in (ROOT / "conv1d_silu").rglob("*") if p.suffix in (".cu", ".cuh")]
     assert sources
     for src in sources:
-        package = ".".join(src.parent.relative_to(ROOT).parts)
-        assert any(fnmatch.fnmatch(src.name, g) for g in data.get(package, [])), src
+        assert _is_package_data(src), src
+
+
+def test_every_route_table_is_package_data() -> None:
+    tables = sorted((ROOT / "conv1d_silu" / "route_tables").glob("*.json"))
+    assert {t.name for t in tables} >= {"sm_90.json", "sm_107a.json"}
+    for table in tables:
+        assert _is_package_data(table), table
+    # and the check would see a table left out
+    assert not _is_package_data(tables[0], {"conv1d_silu": ["py.typed"], "conv1d_silu.kernels": ["*.cu", "*.cuh"]})
