@@ -1,4 +1,4 @@
-"""scripts/gpu-check's shell logic, with a recording stand-in for python3 and nvidia-smi (the
+"""tools/gpu-check's shell logic, with a recording stand-in for python3 and nvidia-smi (the
 stages themselves run on the GPU machine)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _run(tmp_path: Path, stages: str, **env: str) -> list[str]:
         stub.chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
             "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), **env}
-    subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), *stages.split()], env=full, check=True,
+    subprocess.run(["bash", str(ROOT / "tools" / "gpu-check"), *stages.split()], env=full, check=True,
                    capture_output=True, timeout=60)
     return [line.split(" --json ")[1] for line in log.read_text().splitlines() if "conv1d_silu.tune --variants" in line]
 
