@@ -18,7 +18,7 @@ HAS_CUDA = runtime.available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and CuPy")
 
-# CI: a small fixed profile; scripts/gpu-check selects the long one.
+# CI: a small fixed profile; tools/gpu-check selects the long one.
 settings.register_profile(
     "ci", max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
@@ -46,7 +46,7 @@ def spread_slow(items: list, seconds) -> list:
 def pytest_collection_modifyitems(config, items):
     """Long tests first and apart. On the GPU the suite is compile-bound and a time limit cuts off
     whatever trails it. pytest-xdist (``--dist load``) deals its first tests out in consecutive
-    chunks, two per worker with ``--maxschedchunk 1`` (scripts/gpu-check), and later ones one or two
+    chunks, two per worker with ``--maxschedchunk 1`` (tools/gpu-check), and later ones one or two
     at a time: with slow and unmarked tests alternating, every worker starts on its own long test
     (sorted together, they all landed on the first worker, one after the other)."""
     items[:] = spread_slow(items, slow_seconds)

@@ -218,7 +218,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_module(relative: str) -> types.ModuleType:
-    """A file of the repository that is not in a package (``scripts/x.py``, ``examples/y.py``) as a
+    """A file of the repository that is not in a package (``tools/x.py``, ``examples/y.py``) as a
     module."""
     path = ROOT / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -1,4 +1,4 @@
-"""scripts/gpu-check's shell logic, with a recording stand-in for python3 and nvidia-smi (the
+"""tools/gpu-check's shell logic, with a recording stand-in for python3 and nvidia-smi (the
 stages themselves run on the GPU machine)."""
 
 from __future__ import annotations
@@ -14,26 +14,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
+# Records its arguments and, like the tuner and the bench, writes the file named after --json.
+STUB = """#!/usr/bin/env bash
+echo "{tool} $*" >> "{log}"
+while [ $# -gt 0 ]; do [ "$1" = --json ] && echo '{{}}' > "$2"; shift; done
+"""
 
-def _run(tmp_path: Path, stages: str, **env: str) -> list[str]:
+
+def _calls(tmp_path: Path, stages: str, **env: str) -> list[str]:
+    """Every python3 call of ``tools/gpu-check STAGES``, without the ``python3 `` in front."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir()
     for tool in ("python3", "nvidia-smi"):
         stub = bin_dir / tool
-        stub.write_text(f'#!/usr/bin/env bash\necho "{tool} $*" >> "{log}"\n')
+        stub.write_text(STUB.format(tool=tool, log=log))
         stub.chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
             "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), **env}
-    subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), *stages.split()], env=full, check=True,
+    subprocess.run(["bash", str(ROOT / "tools" / "gpu-check"), *stages.split()], env=full, check=True,
                    capture_output=True, timeout=60)
-    return [line.split(" --json ")[1] for line in log.read_text().splitlines() if "conv1d_silu.tune --variants" in line]
+    return [line.removeprefix("python3 ") for line in log.read_text().splitlines() if line.startswith("python3 ")]
+
+
+def _tune_parts(calls: list[str]) -> list[str]:
+    """What follows --json in each per-variant tuner call."""
+    return [c.split(" --json ")[1] for c in calls if c.startswith("-m conv1d_silu.tune --variants")]
 
 
 def test_tune_parts_take_per_variant_arguments_and_a_second_pass(tmp_path):
-    calls = _run(tmp_path, "tune-parts", TUNE_VARIANTS="bwd fwd", TUNE_ARGS="--S 2048",
-                 TUNE_ARGS_fwd="--S 2048 32768", TUNE_MORE="--S 65536 --programs fwd_rows rowgroup")
+    calls = _calls(tmp_path, "tune-parts", TUNE_VARIANTS="bwd fwd", TUNE_ARGS="--S 2048",
+                   TUNE_ARGS_fwd="--S 2048 32768", TUNE_MORE="--S 65536 --programs fwd_rows rowgroup")
     out = tmp_path / "out"
-    assert calls == [
+    assert _tune_parts(calls) == [
         f"{out}/tune-bwd.json --S 2048",
         f"{out}/tune-bwd-more.json --S 65536 --programs fwd_rows rowgroup",
         f"{out}/tune-fwd.json --S 2048 32768",
@@ -42,5 +54,26 @@ def test_tune_parts_take_per_variant_arguments_and_a_second_pass(tmp_path):
 
 
 def test_tune_parts_without_overrides_run_one_pass_per_variant(tmp_path):
-    calls = _run(tmp_path, "tune-parts", TUNE_VARIANTS="bwd_dt fwd_dt")
-    assert calls == [f"{tmp_path}/out/tune-bwd_dt.json", f"{tmp_path}/out/tune-fwd_dt.json"]
+    calls = _calls(tmp_path, "tune-parts", TUNE_VARIANTS="bwd_dt fwd_dt")
+    assert _tune_parts(calls) == [f"{tmp_path}/out/tune-bwd_dt.json", f"{tmp_path}/out/tune-fwd_dt.json"]
+
+
+def test_tune_parts_merge_their_dumps_into_a_route_table_under_out(tmp_path):
+    out = tmp_path / "out"
+    calls = _calls(tmp_path, "tune-parts", TUNE_VARIANTS="bwd fwd")
+    assert calls[-1] == (f"-m conv1d_silu.tune --from-json {out}/tune-bwd.json {out}/tune-fwd.json "
+                         f"--json {out}/tune.json --out {out}/tune")
+
+
+def test_tune_writes_its_dump_and_route_table_under_out_never_into_the_package(tmp_path):
+    out = tmp_path / "out"
+    calls = _calls(tmp_path, "tune programs", TUNE_ARGS="--variants bwd")
+    tuner = [c for c in calls if c.startswith("-m conv1d_silu.tune")]
+    assert tuner[0] == f"-m conv1d_silu.tune --jobs 14 --json {out}/tune.json --out {out}/tune --variants bwd"
+    assert f"--json {out}/tune.json" in tuner[1] and "--out" not in tuner[1]  # programs: times, no table
+    assert not any("--write-package" in c for c in calls)
+
+
+def test_host_profile_runs_the_profile_alone(tmp_path):
+    calls = _calls(tmp_path, "host-profile")
+    assert [c for c in calls if c.startswith("tools/")] == ["tools/host_profile.py"]

@@ -29,7 +29,7 @@ def test_slow_tests_are_collected_first_and_apart(request: pytest.FixtureRequest
 
 
 def test_tests_not_run_names_what_a_cut_off_run_missed(tmp_path, capsys) -> None:
-    mod = load_module("scripts/tests_not_run.py")
+    mod = load_module("tools/tests_not_run.py")
     report = tmp_path / "r.xml"
     report.write_text('<testsuites><testsuite>'
                       '<testcase classname="tests.test_a" name="test_x[cuda-1]"/>'

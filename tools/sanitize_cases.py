@@ -1,8 +1,9 @@
 """Every program and variant family once on small shapes, for compute-sanitizer.
 
 Run as ``PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3
-scripts/sanitize_cases.py`` (no caching allocator, so an access past a tensor hits unallocated
+tools/sanitize_cases.py`` (no caching allocator, so an access past a tensor hits unallocated
 memory). Also checks the results against the reference, so a run that is clean but wrong fails.
+``--list`` prints the cases and programs without running them (no GPU needed).
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ CASES = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    if "--list" in (sys.argv[1:] if argv is None else argv):
+        for i, spec in enumerate(CASES):
+            print(f"case {i}: " + ", ".join(f"{k}={v}" for k, v in spec.items()))
+        print(f"programs ({len(PROGRAMS)}): {' '.join(PROGRAMS)}")
+        return 0
     n = 0
     for i, spec in enumerate(CASES):
         spec = dict(spec)

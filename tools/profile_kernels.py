@@ -1,18 +1,15 @@
 """Run chosen kernels once each between cudaProfilerStart/Stop, for Nsight Compute.
 
     ncu --clock-control none --profile-from-start off --set full -o prof \
-        python3 scripts/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
+        python3 tools/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
 Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
-``nobias``, random inputs; an empty program routes; ``program@field=value,...`` as in
-scripts/ab_experiment.py). Every case runs once before profiling starts,
-so compilation and the first-call work stay outside the profiled range. AB_VARIANT=name applies that kernel-text variant of
-scripts/ab_experiment.py (e.g. no_math) to every case.
+``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts,
+so compilation and the first-call work stay outside the profiled range. tools/ncu-profile wraps this.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -50,15 +47,6 @@ def make(spec: str):
 
 
 def main(specs: list[str]) -> None:
-    variant = os.environ.get("AB_VARIANT")  # a kernel-text variant of scripts/ab_experiment.py, e.g. no_math
-    programs = [p for s in specs for p in s.split(":")[3:4] if "@" in p]  # e.g. rowgroup_flat_8b@max_tile_vectors=32
-    if variant or programs:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from ab_experiment import register_program, use_variant
-
-        use_variant(variant or "base")
-        for p in programs:
-            register_program(p)
     runs = [make(s) for s in specs]
     for fn in runs:
         fn()

@@ -1,6 +1,6 @@
 """Which collected tests have no result in a JUnit XML report (a pytest run cut off by its time limit):
 
-    python3 scripts/tests_not_run.py report.xml collected.txt
+    python3 tools/tests_not_run.py report.xml collected.txt
 
 collected.txt holds node ids, one per line (`pytest --collect-only -q`); prints those not in the report.
 """

@@ -1,0 +1,69 @@
+"""Where the host time of one eager forward + backward goes (cProfile), at a tiny size where the
+GPU is idle; prints the per-call CPU time next to PyTorch's (x * 2).sum().backward().
+
+    python3 tools/host_profile.py [--noop] [--calls N]
+
+Without a GPU (or with --noop) the kernels' launches go to a launcher that does nothing, on CPU
+tensors routed as on sm_90: the whole host path but the driver call, on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conv1d_silu import gpu, ops  # noqa: E402
+from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
+
+
+class NoLaunch(gpu.Launcher):
+    """Plans and packs every launch but returns where the driver would be entered (132 SMs as on
+    the H100 and H200, two CTAs per SM), so the whole host path runs on any machine."""
+
+    def sm_count(self, device) -> int:
+        return 132
+
+    def max_active_blocks(self, launch, device) -> int:
+        return 2
+
+    def __call__(self, launch, device) -> None:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--noop", action="store_true", help="no-op launcher on CPU tensors even with a GPU")
+    p.add_argument("--calls", type=int, default=300, help="forward + backward calls timed, and again profiled")
+    args = p.parse_args(argv)
+    if args.noop or not torch.cuda.is_available():
+        with ops.use_launcher(NoLaunch(), emulate_arch="sm_90"):
+            profile(torch.device("cpu"), args.calls)
+    else:
+        profile(torch.device("cuda"), args.calls)
+
+
+def profile(device: torch.device, calls: int) -> None:
+    times = host_overhead_us(device, iters=calls)
+    print(f"theirs: {times['torch_x2_sum_backward']:.1f} us CPU per call")
+    print(f"ours: {times['conv1d_silu_fwd_bwd']:.1f} us CPU per call (ratio {times['ratio']:.2f})")
+    ours = tiny_steps(device)["conv1d_silu_fwd_bwd"]
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        ours()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
