@@ -530,6 +530,12 @@ def _copy_or_add(rows: list[dict]) -> dict[tuple, dict]:
     return {(r["S"], r["C"], call): r for r in rows for call, ref in SAME_BYTES.items() if r["impl"] == "torch_" + ref}
 
 
+def _timing(m: dict) -> str:
+    if m["gpu"] == "cpu":
+        return "wall clock on the CPU"
+    return f"{'CUDA graph replays' if m['graph'] else 'eager calls'}, cold L2"
+
+
 def _speedup_cell(s: dict) -> str:
     if s.get("ci95"):
         return f"{s['baseline_us']:.1f}: {s['speedup']:.2f}x ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f})"
@@ -543,8 +549,7 @@ def markdown(result: dict) -> str:
     floor = _copy_or_add(result["rows"])
     lines = [
         (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10]}, {m['dtype']} K={m['K']}, "
-         f"copy {m['copy_bandwidth_TBps']:.2f} TB/s, {'CUDA graph replays' if m['graph'] else 'eager calls'}, "
-         f"{m.get('reps', '?')} reps per row, cold L2"),
+         f"copy {m['copy_bandwidth_TBps']:.2f} TB/s, {_timing(m)}, {m.get('reps', '?')} reps per row"),
         "",
         ("µs are medians. copy_ / add: PyTorch's pass over the same bytes (`copy_` for the forward: reads x, "
          "writes y; `add` for the backward: reads x and dy, writes dx), timed in alternation with ours within "
@@ -667,8 +672,7 @@ def figure(result: dict):
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     m = result["meta"]
-    fig.suptitle(f"{m['gpu']}, {m['dtype']}, K = {m['K']}: µs per call (median; "
-                 f"{'CUDA graph replays' if m['graph'] else 'eager calls'}, cold L2)", fontsize=11)
+    fig.suptitle(f"{m['gpu']}, {m['dtype']}, K = {m['K']}: µs per call (median; {_timing(m)})", fontsize=11)
     fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     return fig
 
@@ -697,7 +701,10 @@ def _part(text: str) -> tuple[int, int]:
 
 def parser() -> argparse.ArgumentParser:
     """The bench's command line (scripts build their arguments with it too)."""
-    p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0],
+        epilog="A report from saved results, without a GPU: --from-json benchmarks/results/h200.json --peers "
+               "benchmarks/results/h200-fla.json --markdown h200.md --plot h200.png (benchmarks/README.md).")
     p.add_argument("--shapes", type=_shape, nargs="*",
                    help="S,C pairs (default: TOKENS x RAGGED_C and LONG_S x WIDE_C, 83 shapes; on the CPU two small ones)")
     p.add_argument("--part", type=_part, help="I/N: only every N-th shape from the I-th (a bench split over several runs; "
@@ -705,7 +712,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--program", help="force our op's program (default: routed)")
     p.add_argument("--baseline-programs", nargs="*", default=[], help="our op forced to these programs, as baselines")
     p.add_argument("--calls", nargs="*", default=list(CALLS), choices=CALLS)
-    p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"])
+    p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"],
+                   help="of eager, compile, cc1d (causal-conv1d), fla (flash-linear-attention); default: all")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("-K", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
