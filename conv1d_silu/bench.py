@@ -9,7 +9,8 @@ each timed in alternation with ours within every replay.
 Baselines: PyTorch eager (``F.conv1d`` with ``groups=C``), ``torch.compile(dynamic=True)`` of the
 same op as K shifted multiply-adds (one graph for every shape: Inductor specialises ``groups``),
 causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU fallback
-at small sizes (a smoke test of the harness).
+at small sizes (a smoke test of the harness). ``--from-json`` reports saved results again, without a
+GPU; ``--peers`` adds the peer rows of other runs on the same GPU (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -29,27 +30,20 @@ import torch.nn.functional as F
 
 from . import causal_conv1d_silu
 
-SEED_S = (32768, 65536, 250340, 262144)
-SEED_C = tuple(range(264, 409, 8))
+# The default list: four token counts (250340, the reference shape's, beside 262144, a power of
+# two) at C = 264..408 in steps of 8 (all but 320 and 384 are not multiples of 64, so bf16 rows
+# start mid 128-byte line), and a million tokens at C from 64 to 4096.
+TOKENS = (32768, 65536, 250340, 262144)
+RAGGED_C = tuple(range(264, 409, 8))
+LONG_S = 1048576
 WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
 CALLS = ("fwd", "bwd", "fwdbwd")
 SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the bytes a call moves
-
-
-# The seed's sm_107a rule (routes.py) at both of its token floors: every C it routes to the SM-wide
-# program (264..288, 344..408), C = 256, and the band edges on either side (296, 336, 416): 17 C x 2 S.
-SEED_RULE_C = (256, 264, 272, 280, 288, 296, 336, *range(344, 409, 8), 416)
-SEED_RULE_S = (32768, 262144)
+PLAIN = ("torch_copy", "torch_add")  # the rows of those kernels: the floor ours is held to
 
 
 def default_shapes() -> list[tuple[int, int]]:
-    return [(s, c) for s in SEED_S for c in SEED_C] + [(1048576, c) for c in WIDE_C]
-
-
-PRESETS = {
-    "default": default_shapes,
-    "seed-rule": lambda: [(s, c) for s in SEED_RULE_S for c in SEED_RULE_C],
-}
+    return [(s, c) for s in TOKENS for c in RAGGED_C] + [(LONG_S, c) for c in WIDE_C]
 
 
 @dataclass
@@ -330,7 +324,8 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
         for call in args.calls:
             ref = SAME_BYTES.get(call) if impl == "conv1d_silu" else None
             if ref is not None:
-                # ours and PyTorch's copy / add of the same bytes in alternation (docs/performance.md v18)
+                # ours and PyTorch's copy / add of the same bytes take turns within every rep, so a
+                # drift of the machine during the row reaches both sides of the ratio alike
                 plain[ref], times = timer.times([eager.prepare(plain_fns[ref]), timer.prepare(calls[call])])
             else:
                 times = timer(calls[call])
@@ -357,7 +352,7 @@ def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     eager = Timer(device, args.reps, args.warmup, graph=False)
     bw = copy_bandwidth(device, eager)
     impls = _impls(args)
-    shapes = args.shapes or (PRESETS[args.preset]() if device.type == "cuda" else [(4096, 64), (8192, 128)])
+    shapes = args.shapes or (default_shapes() if device.type == "cuda" else [(4096, 64), (8192, 128)])
     shapes = select_part(shapes, args.part)
     # measured first, so that every partial result written below carries it
     host = None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
@@ -369,8 +364,7 @@ def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
         _progress(i, total, f"S={S} C={C}")
         if device.type == "cuda":
             # Every shape starts from an empty cache, not from the blocks the bandwidth probe or the
-            # previous shape freed: right after a large free, the forward timed ~10 % slower
-            # (docs/performance.md v11, scripts/bench_gap.py).
+            # previous shape freed: right after a large free, the forward times ~10 % slower.
             torch.cuda.empty_cache()
         shape_rows = _shape_rows(args, impls, S, C, timer, eager, bw, dtype, device)
         rows += shape_rows
@@ -448,6 +442,50 @@ def merge_results(parts: list[dict]) -> dict:
             "rows": sorted(rows.values(), key=by_shape), "speedups": sorted(speedups.values(), key=by_shape)}
 
 
+# What a peer run must share with the result it joins: what its rows measured must be comparable.
+SAME_FOR_PEERS = ("gpu", "dtype", "K", "graph")
+
+
+def add_peers(result: dict, peers: list[dict]) -> dict:
+    """``result`` with the peer rows of other runs on the same GPU, dtype, K and timing mode: every
+    implementation but ours and PyTorch's copy / add (``PLAIN``), where ``result`` has no row of the
+    same (S, C, call, implementation). Each added row names its run (``peer``: an index into
+    ``meta["peers"]``), and gets a speedup against ours of ``result`` at the same (S, C, call):
+    without a CI (saved rows keep no reps, and a CI within one run says nothing of the drift
+    between two), with the peer run's own same-run speedup and CI under ``peer_run``."""
+    if not peers:
+        return result
+    key = lambda r: (r["S"], r["C"], r["call"], r["impl"])
+    rows, speedups = list(result["rows"]), list(result["speedups"])
+    have = {key(r) for r in rows}
+    ours = {(r["S"], r["C"], r["call"]): r for r in rows if r["impl"] == "conv1d_silu"}
+    metas = list(result["meta"].get("peers", []))
+    for i, peer in enumerate(peers, 1):
+        diff = [k for k in SAME_FOR_PEERS if peer["meta"].get(k) != result["meta"].get(k)]
+        if diff:
+            raise ValueError(f"--peers: peer {i} differs from the result in {', '.join(diff)}")
+        own = {(s["S"], s["C"], s["call"], s["baseline"]): s for s in peer["speedups"]}
+        added = [r for r in peer["rows"] if r["impl"] not in ("conv1d_silu", *PLAIN) and key(r) not in have]
+        for r in added:
+            have.add(key(r))
+            rows.append({**r, "peer": len(metas)})
+            o = ours.get((r["S"], r["C"], r["call"]))
+            if o is None or r["call"] not in CALLS:
+                continue
+            same = own.get(key(r))
+            speedups.append({
+                "S": r["S"], "C": r["C"], "call": r["call"], "baseline": r["impl"], "baseline_us": r["median_us"],
+                "ours_us": o["median_us"], "speedup": r["median_us"] / o["median_us"], "ci95": None,
+                "pct_copy_bw": o["pct_copy_bw"],
+                "peer_run": same and {k: same[k] for k in ("ours_us", "speedup", "ci95")},
+            })
+        metas.append({**{k: v for k, v in peer["meta"].items() if k not in ("parts", "peers")},
+                      "impls": sorted({r["impl"] for r in added})})
+    by_shape = lambda r: (r["S"], r["C"])
+    return {**result, "meta": {**result["meta"], "peers": metas},
+            "rows": sorted(rows, key=by_shape), "speedups": sorted(speedups, key=by_shape)}
+
+
 def write_json(result: dict, path: str) -> None:
     """``result`` to ``path`` whole or not at all (a run killed while writing keeps the last file)."""
     tmp = f"{path}.tmp"
@@ -484,45 +522,54 @@ def meta(device: torch.device, args, bw: float) -> dict:
     }
 
 
-def meets_target(row: dict) -> bool | None:
-    """Whether a forward or backward row of ours meets the performance issue's bound (item 2, set for
-    the H200 with bf16 and K = 4): at most 1.3x PyTorch's copy / add of the same tensor, timed in the
-    same run, below 65536 tokens, 1.10x from 65536, and from 250000 tokens also at least 85 % of the
-    copy bandwidth. None for other calls and rows without a same-run ratio."""
-    if row["call"] not in ("fwd", "bwd") or not row.get("same_run_ratio"):
-        return None
-    bound = 1.3 if row["S"] < 65536 else 1.10
-    return row["same_run_ratio"] <= bound and (row["S"] < 250000 or row["pct_copy_bw"] >= 85)
+BASELINE_ORDER = ("torch_eager", "torch_compile", "dao_cc1d", "fla_triton")
+
+
+def _copy_or_add(rows: list[dict]) -> dict[tuple, dict]:
+    """PyTorch's copy_ / add row of each (S, C), keyed by the call it is the floor of."""
+    return {(r["S"], r["C"], call): r for r in rows for call, ref in SAME_BYTES.items() if r["impl"] == "torch_" + ref}
+
+
+def _timing(m: dict) -> str:
+    if m["gpu"] == "cpu":
+        return "wall clock on the CPU"
+    return f"{'CUDA graph replays' if m['graph'] else 'eager calls'}, cold L2"
+
+
+def _speedup_cell(s: dict) -> str:
+    if s.get("ci95"):
+        return f"{s['baseline_us']:.1f}: {s['speedup']:.2f}x ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f})"
+    own = s.get("peer_run")
+    same = f" (same run {own['speedup']:.2f}x, {own['ci95'][0]:.2f}-{own['ci95'][1]:.2f})" if own else ""
+    return f"{s['baseline_us']:.1f}: {s['speedup']:.2f}x{same}"
 
 
 def markdown(result: dict) -> str:
-    ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
-    verdicts = [v for v in map(meets_target, ours) if v is not None]
+    m = result["meta"]
+    floor = _copy_or_add(result["rows"])
     lines = [
-        f"GPU {result['meta']['gpu']}, torch {result['meta']['torch']}, commit {result['meta']['commit'][:10]}, "
-        f"{result['meta']['dtype']} K={result['meta']['K']}, copy {result['meta']['copy_bandwidth_TBps']:.2f} TB/s, "
-        f"{'CUDA graph' if result['meta']['graph'] else 'eager'}",
+        (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10]}, {m['dtype']} K={m['K']}, "
+         f"copy {m['copy_bandwidth_TBps']:.2f} TB/s, {_timing(m)}, {m.get('reps', '?')} reps per row"),
         "",
-        *([f"Bounds of the performance issue (item 2: <= 1.3x copy / add below 65536 tokens, 1.10x from there, "
-           f">= 85 % of the copy bandwidth from 250000) met in {sum(verdicts)} of {len(verdicts)} forward and "
-           f"backward rows.", ""] if verdicts else []),
-        "| S | C | call | ours µs | vs copy/add | % copy BW | bound met | det |",
+        ("µs are medians. copy_ / add: PyTorch's pass over the same bytes (`copy_` for the forward: reads x, "
+         "writes y; `add` for the backward: reads x and dy, writes dx), timed in alternation with ours within "
+         "every rep; ratio: ours / that, a same-run ratio. % copy BW: the call's bytes per second against the "
+         "copy bandwidth of the same run. det: five forward + backward calls give the same bits."),
+        "",
+        "| S | C | call | ours µs | copy_ / add µs | ratio | % copy BW | det |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in ours:
+    for r in result["rows"]:
+        if r["impl"] != "conv1d_silu":
+            continue
+        ref = floor.get((r["S"], r["C"], r["call"]))
+        ref_us = f"{ref['median_us']:.1f}" if ref and r["same_run_ratio"] else ""
         ratio = f"{r['same_run_ratio']:.2f}x" if r["same_run_ratio"] else ""
-        met = {True: "yes", False: "no", None: ""}[meets_target(r)]
         det = {True: "yes", False: "NO", None: ""}[r["deterministic"]]
-        lines.append(
-            f"| {r['S']} | {r['C']} | {r['call']} | {r['median_us']:.1f} | {ratio} | {r['pct_copy_bw']:.0f} | {met} | {det} |"
-        )
+        lines.append(f"| {r['S']} | {r['C']} | {r['call']} | {r['median_us']:.1f} | {ref_us} | {ratio} | "
+                     f"{r['pct_copy_bw']:.0f} | {det} |")
     if result["speedups"]:
-        lines += ["", "| S | C | call | baseline | baseline µs | ours µs | speedup (95% CI) |", "|---|---|---|---|---|---|---|"]
-        for s in result["speedups"]:
-            lines.append(
-                f"| {s['S']} | {s['C']} | {s['call']} | {s['baseline']} | {s['baseline_us']:.1f} | {s['ours_us']:.1f} | "
-                f"{s['speedup']:.2f}x ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}) |"
-            )
+        lines += _speedup_table(result)
     if result.get("host_overhead_us"):
         h = result["host_overhead_us"]
         peers = "".join(f", {p} {h[p + '_fwd_bwd']:.0f}" for p in PEERS if p + "_fwd_bwd" in h)
@@ -531,41 +578,110 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path: str) -> None:
-    """Two panels against C (log scale), one line per (call, S): our share of the copy bandwidth,
-    and our speedup over each baseline with its 95 % CI."""
-    import matplotlib
+def _speedup_table(result: dict) -> list[str]:
+    """One line per (S, C, call), one column per baseline: its µs and its median over ours."""
+    named = {s["baseline"] for s in result["speedups"]}
+    baselines = [b for b in BASELINE_ORDER if b in named] + sorted(named - set(BASELINE_ORDER))
+    cells: dict[tuple, dict[str, str]] = {}
+    ours_us: dict[tuple, float] = {}
+    for s in result["speedups"]:
+        key = (s["S"], s["C"], s["call"])
+        cells.setdefault(key, {})[s["baseline"]] = _speedup_cell(s)
+        ours_us[key] = s["ours_us"]
+    lines = ["", "Speedups: each baseline's µs and its median / ours, with the 95 % bootstrap CI over the reps."]
+    for p in result["meta"].get("peers", []):
+        if p.get("impls"):
+            lines.append(f"{', '.join(p['impls'])}: rows of another run on this GPU (commit {p['commit'][:10]}, "
+                         f"{p.get('date', '')}), against ours of this run: no CI across runs; in brackets that "
+                         f"run's speedup over its own ours, with its CI.")
+    lines += ["", f"| S | C | call | ours µs | {' | '.join('vs ' + b for b in baselines)} |",
+              "|---" * (4 + len(baselines)) + "|"]
+    for (S, C, call), row in cells.items():
+        lines.append(f"| {S} | {C} | {call} | {ours_us[(S, C, call)]:.1f} | "
+                     + " | ".join(row.get(b, "") for b in baselines) + " |")
+    return lines
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (bw_ax, sp_ax) = plt.subplots(1, 2, figsize=(13, 5))
-    ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
-    markers = {"fwd": "o", "bwd": "s", "fwdbwd": "^"}
-    for call in CALLS:
-        for S in sorted({r["S"] for r in ours}):
-            pts = sorted((r["C"], r["pct_copy_bw"]) for r in ours if r["call"] == call and r["S"] == S)
-            if pts:
-                bw_ax.plot(*zip(*pts), marker=markers[call], label=f"{call}, S={S}")
-    for (baseline, call) in sorted({(s["baseline"], s["call"]) for s in result["speedups"]}):
-        for S in sorted({s["S"] for s in result["speedups"]}):
-            pts = sorted((s["C"], s["speedup"], *s["ci95"]) for s in result["speedups"]
-                         if s["baseline"] == baseline and s["call"] == call and s["S"] == S)
-            if pts:
-                c, sp, lo, hi = zip(*pts)
-                err = [[v - a for v, a in zip(sp, lo)], [b - v for v, b in zip(sp, hi)]]
-                sp_ax.errorbar(c, sp, yerr=err, marker=markers[call], capsize=2, label=f"vs {baseline}, {call}, S={S}")
+# What the plot draws per panel: label, colour, marker, line style. The eager and compiled baselines
+# (10-40x ours) stay in the tables: on the same axes they would flatten every other line.
+PLOT_LINES = {
+    "conv1d_silu": ("conv1d_silu (ours)", "tab:blue", "o", "-"),
+    "dao_cc1d": ("causal-conv1d", "tab:orange", "s", "-"),
+    "fla_triton": ("flash-linear-attention", "tab:green", "^", "-"),
+    "floor": ("PyTorch copy_ (fwd) / add (bwd) of the same shape", "0.35", "", "--"),
+}
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Round values between lo and hi for a log axis: the coarsest of the 1-2-5 steps that gives at
+    least three (matplotlib's own log ticks leave a span under a decade with one label or none)."""
+    import math
+
+    for steps in ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9)):
+        ticks = [m * 10**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in steps]
+        ticks = [t for t in ticks if lo <= t <= hi]
+        if len(ticks) >= 3:
+            return ticks
+    return ticks
+
+
+def figure(result: dict):
+    """µs against channels C: one row of panels per token count, forward and backward side by side,
+    ours beside the peers and PyTorch's copy_ / add of the same shape (the floor: the same bytes
+    moved by PyTorch's own kernel). Log µs, so the gap between two lines reads as their ratio at
+    every height; one legend for every panel."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    rows = result["rows"]
+    tokens = sorted({r["S"] for r in rows if r["impl"] == "conv1d_silu" and r["call"] in SAME_BYTES})
+    from_peers = {r["impl"] for r in rows if "peer" in r}
+    fig = Figure(figsize=(9, 1.3 + 2.0 * max(1, len(tokens))), layout="constrained")
+    axes = fig.subplots(max(1, len(tokens)), 2, squeeze=False)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for i, S in enumerate(tokens):
+        cs = sorted({r["C"] for r in rows if r["S"] == S})
+        for j, call in enumerate(SAME_BYTES):
+            ax = axes[i][j]
+            for impl, (label, colour, marker, style) in PLOT_LINES.items():
+                want = ("torch_" + SAME_BYTES[call], SAME_BYTES[call]) if impl == "floor" else (impl, call)
+                pts = sorted((r["C"], r["median_us"]) for r in rows if r["S"] == S and (r["impl"], r["call"]) == want)
+                if pts:
+                    label += " (another run)" if impl in from_peers else ""
+                    ax.plot(*zip(*pts), color=colour, marker=marker, ls=style, ms=4, lw=1.4, label=label)
+            if cs[-1] / cs[0] > 4:  # a million tokens: C from 64 to 4096, in powers of two
+                ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_locator(FixedLocator(cs))
+            else:
+                ax.xaxis.set_major_locator(FixedLocator(cs[::3]))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(plain)
+            ax.set_yscale("log")
+            ax.margins(y=0.1)  # room for a peer's point above ours, clear of the panel's title
+            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(*ax.get_ylim())))
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.tick_params(labelsize=7, which="both")
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{'forward' if call == 'fwd' else 'backward'}, S = {S:,} tokens", fontsize=9)
+            ax.set_ylabel("µs" if j == 0 else "", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("channels C", fontsize=8)
+    handles = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
     m = result["meta"]
-    bw_ax.set(xscale="log", xlabel="channels C", ylabel="% of copy bandwidth",
-              title=f"conv1d_silu on {m['gpu']} ({m['dtype']}, K={m['K']}, copy {m['copy_bandwidth_TBps']:.2f} TB/s)")
-    sp_ax.set(xscale="log", xlabel="channels C", ylabel="speedup (x, 95 % CI)", title="speedup over baselines")
-    sp_ax.axhline(1.0, color="grey", lw=0.8)
-    for ax in (bw_ax, sp_ax):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    fig.suptitle(f"{m['gpu']}, {m['dtype']}, K = {m['K']}: µs per call (median; {_timing(m)})", fontsize=11)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    return fig
+
+
+def plot(result: dict, path: str):
+    """Draw ``figure(result)`` into the PNG ``path``; returns the figure."""
+    fig = figure(result)
+    fig.savefig(path, dpi=100)
+    return fig
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -585,16 +701,19 @@ def _part(text: str) -> tuple[int, int]:
 
 def parser() -> argparse.ArgumentParser:
     """The bench's command line (scripts build their arguments with it too)."""
-    p = argparse.ArgumentParser(prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=_shape, nargs="*", help="S,C pairs (default: the --preset's)")
+    p = argparse.ArgumentParser(
+        prog="python -m conv1d_silu.bench", description=__doc__.split("\n\n")[0],
+        epilog="A report from saved results, without a GPU: --from-json benchmarks/results/h200.json --peers "
+               "benchmarks/results/h200-fla.json --markdown h200.md --plot h200.png (benchmarks/README.md).")
+    p.add_argument("--shapes", type=_shape, nargs="*",
+                   help="S,C pairs (default: TOKENS x RAGGED_C and LONG_S x WIDE_C, 83 shapes; on the CPU two small ones)")
     p.add_argument("--part", type=_part, help="I/N: only every N-th shape from the I-th (a bench split over several runs; "
                    "join the parts' --json with --from-json)")
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                   help="default: the seed rows + wide C; seed-rule: the 34 rows of the seed's sm_107a rule")
     p.add_argument("--program", help="force our op's program (default: routed)")
     p.add_argument("--baseline-programs", nargs="*", default=[], help="our op forced to these programs, as baselines")
     p.add_argument("--calls", nargs="*", default=list(CALLS), choices=CALLS)
-    p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"])
+    p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"],
+                   help="of eager, compile, cc1d (causal-conv1d), fla (flash-linear-attention); default: all")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("-K", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
@@ -607,22 +726,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--csv")
-    p.add_argument("--plot", help="draw %% of bandwidth and speedups vs C into this PNG (matplotlib)")
-    p.add_argument("--from-json", nargs="+", help="skip measuring: report saved --json results (several: merged)")
+    p.add_argument("--plot", help="draw µs against C into this PNG (matplotlib): a row of panels per token count, "
+                   "forward and backward; ours, causal-conv1d and flash-linear-attention where measured, and "
+                   "PyTorch's copy_ / add of the same shape")
+    p.add_argument("--from-json", nargs="+", metavar="JSON",
+                   help="skip measuring: report saved --json results (several: the parts of one bench, merged; "
+                        "they must agree on GPU, versions, commit, dtype, K, timing mode and reps)")
+    p.add_argument("--peers", nargs="+", default=[], metavar="JSON",
+                   help="saved results of other runs on the same GPU, dtype, K and timing mode (e.g. a "
+                        "flash-linear-attention run): their rows of implementations other than ours and "
+                        "PyTorch's copy / add join the tables and the plot, with speedups against ours of "
+                        "this result (no CI across runs; the peer run's own speedup and CI beside it)")
     return p
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
+    peers = [_load(path) for path in args.peers]  # before a run: a missing file fails fast
     if args.from_json:
-        parts = []
-        for path in args.from_json:
-            with open(path) as f:
-                parts.append(json.load(f))
-        result = merge_results(parts)
+        result = merge_results([_load(path) for path in args.from_json])
     else:
         # with --json the result so far is saved after every shape: a run cut off keeps its rows
         result = run(args, on_shape=(lambda r: write_json(r, args.json)) if args.json else None)
+    result = add_peers(result, peers)
     text = markdown(result)
     print(text)
     if args.json:

@@ -1,9 +1,10 @@
-"""The benchmark's baselines and CLI, on the CPU fallback (GPU timing runs in scripts/gpu-check)."""
+"""The benchmark's baselines, CLI, reports and plot, on the CPU fallback and the committed results."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,40 +179,128 @@ def test_host_overhead_reports_importable_peers_beside_ours(capsys):
     assert "fla_triton" in line and "dao_cc1d" not in line
 
 
-def test_markdown_counts_the_rows_within_the_issue_bounds():
-    """Item 2's bounds per row: 1.3x copy / add below 65536 tokens, 1.10x from there, and from
-    250000 tokens also 85 % of the copy bandwidth; combined calls and other impls are not judged."""
+def test_markdown_reports_ours_beside_the_same_run_floor():
+    """Per row of ours: µs, PyTorch's copy_ / add of the same shape, their same-run ratio, % of the
+    copy bandwidth and determinism; the combined call has no floor, other impls no row."""
 
-    def row(S, call, ratio, pct=90.0, impl="conv1d_silu"):
-        return {"S": S, "C": 264, "call": call, "impl": impl, "median_us": 1.0, "same_run_ratio": ratio,
-                "pct_copy_bw": pct, "deterministic": None}
+    def row(S, call, impl, us, ratio=None, det=None):
+        return {"S": S, "C": 264, "call": call, "impl": impl, "median_us": us, "same_run_ratio": ratio,
+                "pct_copy_bw": 90.0, "deterministic": det}
 
-    rows = [row(32768, "fwd", 1.29), row(32768, "bwd", 1.31), row(65536, "fwd", 1.10), row(65536, "bwd", 1.11),
-            row(250340, "fwd", 1.05, pct=84.9), row(1048576, "bwd", 1.07), row(32768, "fwdbwd", 1.0),
-            row(32768, "fwd", 9.0, impl="eager")]
-    assert [bench.meets_target(r) for r in rows[:7]] == [True, False, True, False, False, True, None]
+    rows = [row(32768, "fwd", "conv1d_silu", 16.0, 1.25), row(32768, "bwd", "conv1d_silu", 29.2, 1.62, True),
+            row(32768, "fwdbwd", "conv1d_silu", 41.4), row(32768, "fwd", "torch_eager", 160.0),
+            row(32768, "copy", "torch_copy", 12.8), row(32768, "add", "torch_add", 18.0)]
     meta = {"gpu": "cpu", "torch": torch.__version__, "commit": "", "dtype": "bf16", "K": 4,
-            "copy_bandwidth_TBps": 1.0, "graph": True}
-    text = bench.markdown({"meta": meta, "rows": rows, "speedups": []})
-    assert "met in 3 of 6 forward and backward rows" in text
-    assert "| 32768 | 264 | bwd | 1.0 | 1.31x | 90 | no |  |" in text.splitlines()
-    assert "eager" not in text
+            "copy_bandwidth_TBps": 1.0, "graph": True, "reps": 15}
+    lines = bench.markdown({"meta": meta, "rows": rows, "speedups": []}).splitlines()
+    assert "| 32768 | 264 | fwd | 16.0 | 12.8 | 1.25x | 90 |  |" in lines
+    assert "| 32768 | 264 | bwd | 29.2 | 18.0 | 1.62x | 90 | yes |" in lines
+    assert "| 32768 | 264 | fwdbwd | 41.4 |  |  | 90 |  |" in lines
+    assert not any("160.0" in line for line in lines)
+    assert not any(word in "\n".join(lines).lower() for word in ("bound", "target", "item"))
 
 
-@pytest.mark.timeout(300)
-def test_host_ab_script_compares_the_tree_with_a_revision():
-    """scripts/host_ab.py exports a revision's package beside the tree (op namespace renamed, so
-    both register in one process) and times both with PyTorch's line."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def _synthetic(gpu="NVIDIA H200", impls=("conv1d_silu", "torch_eager", "dao_cc1d", "fla_triton"),
+               tokens=(32768, 1048576), scale=1.0, commit="a" * 40):
+    """A saved result in the bench's format: a few C per token count, every call of each impl,
+    PyTorch's copy / add, and each baseline's speedup over ours with a CI."""
+    rows, speedups = [], []
+    for S in tokens:
+        for C in ((264, 336, 408) if S < 1048576 else (64, 1024, 4096)):
+            us = S * C * 1e-5
+            for impl in impls:
+                factor = {"conv1d_silu": scale, "torch_eager": 20.0, "dao_cc1d": 2.0, "fla_triton": 3.0}[impl]
+                for call, k in (("fwd", 1.0), ("bwd", 1.5), ("fwdbwd", 2.5)):
+                    rows.append({"S": S, "C": C, "call": call, "impl": impl, "median_us": us * k * factor,
+                                 "same_run_ratio": 1.2 if impl == "conv1d_silu" and call != "fwdbwd" else None,
+                                 "pct_copy_bw": 80.0, "deterministic": True if call == "bwd" else None})
+                    if impl != "conv1d_silu":
+                        speedups.append({"S": S, "C": C, "call": call, "baseline": impl,
+                                         "baseline_us": us * k * factor, "ours_us": us * k * scale,
+                                         "speedup": factor / scale, "ci95": (0.9 * factor / scale, 1.1 * factor / scale),
+                                         "pct_copy_bw": 80.0})
+            rows.append({"S": S, "C": C, "call": "copy", "impl": "torch_copy", "median_us": us * 0.8,
+                         "same_run_ratio": None, "pct_copy_bw": 90.0, "deterministic": None})
+            rows.append({"S": S, "C": C, "call": "add", "impl": "torch_add", "median_us": us * 1.2,
+                         "same_run_ratio": None, "pct_copy_bw": 90.0, "deterministic": None})
+    meta = {"gpu": gpu, "torch": "2.11", "cupy": "14", "cuda": "13.0", "commit": commit, "dtype": "bf16", "K": 4,
+            "graph": True, "reps": 15, "copy_bandwidth_TBps": 4.15, "date": "2026-12-06 03:46:29"}
+    return {"meta": meta, "host_overhead_us": None, "rows": rows, "speedups": speedups}
 
-    root = Path(__file__).resolve().parents[1]
-    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False, capture_output=True).returncode:
-        pytest.skip("not a git checkout")
-    out = subprocess.run(
-        [sys.executable, str(root / "scripts" / "host_ab.py"), "--rev", "HEAD", "--rounds", "1", "--calls", "2", "--noop"],
-        check=False, capture_output=True, text=True, timeout=280,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "ours at HEAD" in out.stdout and "working tree / HEAD" in out.stdout
+
+def test_plot_draws_a_row_of_panels_per_token_count(tmp_path):
+    """Forward and backward µs against C, a row per token count; ours, the peers and PyTorch's
+    copy_ / add in one shared legend; the eager baseline (off-scale) only in the tables."""
+    path = tmp_path / "bench.png"
+    fig = bench.plot(_synthetic(), str(path))
+    assert path.stat().st_size > 10_000
+    assert len(fig.axes) == 4  # 2 token counts x (forward, backward)
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["forward, S = 32,768 tokens", "backward, S = 32,768 tokens"]
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert len(labels) == 4 and labels[0] == "conv1d_silu (ours)"
+    assert {"causal-conv1d", "flash-linear-attention"} <= set(labels)
+    assert not any("eager" in label for label in labels)
+    assert all(len(ax.get_lines()) == 4 for ax in fig.axes)
+    assert all(not ax.get_legend() for ax in fig.axes)
+    title = fig.get_suptitle()
+    assert "NVIDIA H200" in title and "bf16" in title and "K = 4" in title
+    # the floor of the backward panel is PyTorch's add, of the forward panel its copy_
+    floor = {ax.get_title().split(",")[0]: ax.get_lines()[-1].get_ydata()[0] for ax in fig.axes[:2]}
+    assert floor == {"forward": pytest.approx(32768 * 264e-5 * 0.8), "backward": pytest.approx(32768 * 264e-5 * 1.2)}
+    # without peers: ours and the floor only
+    fig = bench.figure(_synthetic(impls=("conv1d_silu", "torch_eager"), tokens=(65536,)))
+    assert len(fig.axes) == 2 and len(fig.legends[0].get_texts()) == 2
+
+
+def test_peers_join_the_tables_and_the_plot(tmp_path):
+    """--peers adds another run's peer rows (not its ours, nor its copy / add) and a speedup against
+    ours of the reported result, without a CI across runs, the peer run's own speedup beside it."""
+    record = _synthetic(impls=("conv1d_silu", "torch_eager"))
+    peer = _synthetic(impls=("conv1d_silu", "fla_triton"), tokens=(32768,), scale=1.25, commit="b" * 40)
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    (tmp_path / "peer.json").write_text(json.dumps(peer))
+    out = tmp_path / "both.png"
+    result = bench.main(["--from-json", str(tmp_path / "record.json"), "--peers", str(tmp_path / "peer.json"),
+                         "--plot", str(out), "--json", str(tmp_path / "both.json")])
+    assert [r for r in result["rows"] if "peer" not in r] == record["rows"]
+    added = [r for r in result["rows"] if "peer" in r]
+    assert {r["impl"] for r in added} == {"fla_triton"} and len(added) == 9  # 3 C x 3 calls
+    assert result["meta"]["peers"][0]["impls"] == ["fla_triton"]
+    assert result["meta"]["peers"][0]["commit"] == "b" * 40 and result["meta"]["commit"] == "a" * 40
+    fla = [s for s in result["speedups"] if s["baseline"] == "fla_triton"]
+    assert len(fla) == 9
+    for s in fla:
+        assert s["speedup"] == pytest.approx(3.0)  # the peer's µs over ours of the record
+        assert s["ci95"] is None and s["peer_run"]["speedup"] == pytest.approx(3.0 / 1.25)
+    text = bench.markdown(result)
+    assert "vs fla_triton" in text and "fla_triton: rows of another run" in text
+    assert ": 3.00x (same run 2.40x, 2.16-2.64) |" in text
+    labels = [t.get_text() for t in bench.figure(result).legends[0].get_texts()]
+    assert "flash-linear-attention (another run)" in labels and out.exists()
+    # the written result loads again, and adding the same peer twice adds nothing
+    again = bench.main(["--from-json", str(tmp_path / "both.json"), "--peers", str(tmp_path / "peer.json")])
+    assert len(again["rows"]) == len(result["rows"]) and len(again["speedups"]) == len(result["speedups"])
+    other = {**peer, "meta": {**peer["meta"], "gpu": "NVIDIA H100 80GB HBM3"}}
+    with pytest.raises(ValueError, match="peer 1 differs from the result in gpu"):
+        bench.add_peers(record, [other])
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("files", [["h200.json", "--peers", "h200-fla.json"], ["h100.json"]])
+def test_the_committed_results_load_and_plot(files, tmp_path):
+    """The bench of record per GPU reports again from its JSON (the .md and .png are regenerated
+    this way, without a GPU)."""
+    args = [a if a.startswith("--") else str(RESULTS / a) for a in files]
+    result = bench.main(["--from-json", *args, "--markdown", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")])
+    ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
+    assert len(ours) == 3 * len(bench.default_shapes())
+    assert {(r["S"], r["C"]) for r in ours} == set(bench.default_shapes())
+    assert all(r["same_run_ratio"] for r in ours if r["call"] != "fwdbwd")
+    assert len(bench.figure(result).axes) == 2 * len({*bench.TOKENS, bench.LONG_S})
+    text = (tmp_path / "r.md").read_text()
+    assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
+    if "--peers" in files:
+        assert "vs fla_triton" in text
