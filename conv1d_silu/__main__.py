@@ -40,7 +40,7 @@ def info(shape: tuple[int, ...] | None, dtype_name: str) -> int:
         print(f"\nroutes for S={S}, C={C}, K={K}, {dtype_name} on {arch}:")
         for variant in routes.VARIANTS:
             rule = routes.rule_for(arch, variant, C, S, K, dtype_name)
-            print(f"  {variant:<15} -> {rule.program:<17} ({rule.why})")
+            print(f"  {variant:<15} -> {rule.program:<17} ({rule.condition})")
     return 0
 
 

@@ -6,8 +6,8 @@ the backward recomputes z from x.
 Two equivalent paths share ``ops.forward_impl`` / ``ops.backward_impl``:
 
 * eager: :class:`CausalConv1dSiLUFunction` calls the implementations directly, skipping the
-  dispatcher's per-op cost (DESIGN.md 6b: a custom op + register_autograd round trip costs about
-  twice an autograd.Function on a slow host CPU);
+  dispatcher's per-op cost (a custom op + register_autograd round trip costs about twice an
+  autograd.Function on a slow host CPU: 486 against 238 µs per forward + backward);
 * torch.compile: the custom op ``conv1d_silu::fwd`` with the backward registered here, calling
   ``conv1d_silu::bwd`` (or ``bwd_main_grad``), which Dynamo traces through fake kernels.
 """

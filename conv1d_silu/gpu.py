@@ -152,7 +152,7 @@ FOLD_COLS, FOLD_ROWS = 32, 16  # conv1d_silu_fold's CTA: channels x parents at a
 # backward, when the CTAs' level has more than FAN nodes (with fewer, the tickets' climb is a single
 # fold and a second launch saves nothing) and at most FOLD_MAX_NODES (with more, each fold thread
 # walks many parents; at 1024 the two ways were even): 2-9 % off the backward at 32768-196608 tokens
-# on the H100, with no ticket and no fence in the backward (docs/performance.md v32).
+# on the H100, with no ticket and no fence in the backward.
 FOLD_MAX_NODES = 1024
 
 
@@ -196,7 +196,7 @@ def wave_filling_rows(S: int, vectors: int, rows: int, max_rows: int, slots: int
     """Lane height of a flat forward whose grid of ``rows``-token lanes spills a little past one wave
     of ``slots`` resident CTAs: the smallest height up to ``max_rows`` whose grid fits in one wave,
     else ``rows``. A sliver of a second wave costs most of a wave's latency at short sequences; past
-    two waves the tail is a small part of the time (docs/performance.md v27). Every output is
+    two waves the tail is a small part of the time. Every output is
     computed the same way at any height, so the bits do not change."""
     if not slots < flat_forward_units(S, rows, vectors) <= 2 * slots:
         return rows
@@ -264,7 +264,7 @@ def forward(
     )
     plan = forward_plan(*key)
     if program.max_fill_rows and plan.n_units > (sms := launcher.sm_count(x.device)):
-        # the base height's residency stands for the taller lanes' (the same registers, v27)
+        # the base height's residency stands for the taller lanes' (they use the same registers)
         probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, {})
         plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
     launch = Launch(

@@ -1,8 +1,11 @@
-"""Every kernel source compiles for every arch of the route table, with NVRTC (the compiler the
-runtime uses; the nvidia-cuda-nvrtc wheel needs no GPU), or with nvcc where NVRTC is missing."""
+"""Every kernel source compiles for every arch of the route table and every GPU generation from
+Ampere on, with NVRTC 13 (the compiler the runtime uses with the `cuda` extra; the nvidia-cuda-nvrtc
+wheel needs no GPU), or with nvcc where NVRTC is missing, and with NVRTC 12 (the `cuda12` extra)."""
 
 from __future__ import annotations
 
+import ctypes
+import pathlib
 import re
 import shutil
 import subprocess
@@ -41,7 +44,9 @@ INSTANCES = {
                         for a in BWD for flat in (False, True)],
     "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
-ARCHS = ["sm_90", "sm_100a", "sm_103a", "sm_107a"]
+INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
+# The route table's archs, and the generations below them that causal-conv1d builds for too.
+ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]
 # CuPy compiles with these on top of the runtime's own options.
 CUPY_OPTIONS = ["--device-as-default-execution-space", "-ftz=true"]
 
@@ -92,6 +97,46 @@ def _compile_nvcc(source: str, exprs: list[str], arch: str, tmp_path) -> None:
         capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def _nvrtc12():
+    """libnvrtc.so.12 of the nvidia-cuda-nvrtc-cu12 wheel (a test dependency), through ctypes:
+    cuda-bindings 13 loads NVRTC 13 only."""
+    try:
+        import nvidia.cuda_nvrtc
+
+        lib = ctypes.CDLL(str(pathlib.Path(next(iter(nvidia.cuda_nvrtc.__path__))) / "lib" / "libnvrtc.so.12"))
+    except (ImportError, OSError):
+        return None
+    return lib
+
+
+NVRTC12 = _nvrtc12()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "sm_107a"])  # NVRTC 12.9 has no sm_107a
+@pytest.mark.parametrize("source", kernels.SOURCES)
+def test_kernels_compile_with_nvrtc_12(source, arch):
+    if NVRTC12 is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc-cu12 wheel (the test extra installs it)")
+    lib = NVRTC12
+    prog = ctypes.c_void_p()
+    code = kernels.source(source).encode()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), code, f"{source}.cu".encode(), 0, None, None) == 0
+    exprs = INSTANCES[source][:2]
+    for e in exprs:
+        assert lib.nvrtcAddNameExpression(prog, e.encode()) == 0
+    from conv1d_silu.runtime import NVRTC_OPTIONS
+
+    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}")]
+    err = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    assert err == 0, f"{source} for {arch}:\n{log.value.decode(errors='replace')}"
 
 
 @pytest.mark.timeout(900)

@@ -16,23 +16,21 @@ def _setuptools_config() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
-def test_every_python_package_is_listed() -> None:
+def test_every_folder_of_the_package_is_listed() -> None:
+    """Every folder ships: the Python packages and the data-only ones (route_tables)."""
     found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for init in (ROOT / "conv1d_silu").rglob("__init__.py")
+        ".".join(d.relative_to(ROOT).parts)
+        for d in [ROOT / "conv1d_silu", *(ROOT / "conv1d_silu").rglob("*")]
+        if d.is_dir() and d.name != "__pycache__"
     }
     assert found == set(_setuptools_config()["packages"])
 
 
 def _is_package_data(path: pathlib.Path, data: dict | None = None) -> bool:
-    """Whether a package-data glob (``data``: pyproject.toml's) of the nearest package above ``path`` matches it."""
+    """Whether a package-data glob (``data``: pyproject.toml's) of the listed package holding ``path`` matches it."""
     data = _setuptools_config()["package-data"] if data is None else data
-    for parent in path.parents:
-        if (parent / "__init__.py").exists():
-            package = ".".join(parent.relative_to(ROOT).parts)
-            relative = path.relative_to(parent).as_posix()
-            return any(fnmatch.fnmatch(relative, g) for g in data.get(package, []))
-    return False
+    package = ".".join(path.parent.relative_to(ROOT).parts)
+    return any(fnmatch.fnmatch(path.name, g) for g in data.get(package, []))
 
 
 def test_every_kernel_source_is_package_data() -> None:
@@ -48,4 +46,4 @@ def test_every_route_table_is_package_data() -> None:
     for table in tables:
         assert _is_package_data(table), table
     # and the check would see a table left out
-    assert not _is_package_data(tables[0], {"conv1d_silu": ["py.typed"], "conv1d_silu.kernels": ["*.cu", "*.cuh"]})
+    assert not _is_package_data(tables[0], {"conv1d_silu": ["py.typed", "*.json"], "conv1d_silu.kernels": ["*.cu", "*.cuh"]})

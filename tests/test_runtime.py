@@ -349,3 +349,21 @@ def test_ticket_reserve_keeps_used_up_buffers(monkeypatch):
     reserve.top_up(10, torch.device("cpu"))  # 4 left: a new buffer
     assert reserve.buf is not first and any(t is first for t in reserve.retired)
     assert int(reserve.buf.count_nonzero()) == 0 and reserve.take(10) is not None
+
+
+def test_info_prints_the_route_of_every_variant(capsys):
+    """``python -m conv1d_silu info --shape S,C``: versions, then each variant's program and the
+    band that chose it (on a machine without a GPU, sm_90's table)."""
+    from conv1d_silu.__main__ import main
+
+    assert main(["info", "--shape", "65536,384"]) == 0
+    out = capsys.readouterr().out
+    for variant in routes.VARIANTS:
+        rule = routes.rule_for("sm_90" if not torch.cuda.is_available() else ops_arch(), variant, 384, 65536)
+        assert f"{variant:<15} -> {rule.program:<17} ({rule.condition})" in out
+
+
+def ops_arch() -> str:
+    from conv1d_silu import ops
+
+    return ops._arch(torch.device("cuda"))

@@ -206,8 +206,8 @@ template <int BYTES> C1S_FN void async_copy(void* dst, const void* src) {
     *reinterpret_cast<Vec<unsigned char, BYTES>*>(dst) = *reinterpret_cast<const Vec<unsigned char, BYTES>*>(src);
   } else {
     const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
-    // .ca at every width: 16-byte .cg (L2 only) copies ran the 16-byte programs 1.1-1.3x slower
-    // (docs/performance.md v30)
+    // .ca at every width: 16-byte .cg (L2 only) copies run the 16-byte programs 1.1-1.3x slower
+    // (H100)
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES) : "memory");
   }
 }

@@ -312,7 +312,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
       // Own rows and the K-1 tail tokens, K steps (one ring turn) at a time. The hot turns,
       // 1 <= q < hot_end, need no checks: own rows only, each step's dx row an own row, and the
       // turn prefetched DEPTH-1 ahead wholly inside S. Lanes of one slab (9 turns, 5 of them hot)
-      // go without: there the extra copy of the step cost more than its checks (docs/performance.md v17).
+      // go without: there the extra copy of the step costs more than its checks (3-7 % slower at
+      // 32768 x 264 on the H200).
       const int whole_turns = (int)min_<long long>(N_STEPS / K, (S - r0) / K);
       const int hot_end = SPL == 1 ? 0 : min_(own_steps / K, whole_turns - (DEPTH - 1));
       for (int q = 0; q < N_TURNS; ++q) {
@@ -471,8 +472,8 @@ __global__ void __launch_bounds__(512) conv1d_silu_fold(const c1s::FoldArgs a) {
   CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
   A* buf = reinterpret_cast<A*>(smem_raw);  // [rows][FOLD_COLS]
   // Pass 0 runs the whole fold with every global access predicated off while the backward still
-  // runs, so the real pass finds its instructions and shared memory warm (cold, the first level took
-  // 1.8-5.9 us after the wait on the H100: docs/performance.md v40). "unroll 1": one copy of the body.
+  // runs, so the real pass finds its instructions and shared memory warm (cold, the first level takes
+  // 1.8-5.9 us after the wait on the H100). "unroll 1": one copy of the body.
 #pragma unroll 1
   for (int pass = 0; pass < 2; ++pass) {
     if (pass) {
