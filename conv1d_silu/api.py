@@ -7,6 +7,7 @@ import math
 import torch
 
 from . import autograd, runtime
+from .layout import from_tokens, to_tokens
 from .validation import check_inputs, fail
 
 
@@ -38,6 +39,7 @@ def causal_conv1d_silu(
     program: str | None = None,
     weight_main_grad: torch.Tensor | None = None,
     bias_main_grad: torch.Tensor | None = None,
+    layout: str = "BLC",
 ):
     """Causal depthwise conv1d followed by SiLU, with a deterministic backward.
 
@@ -47,24 +49,31 @@ def causal_conv1d_silu(
     Args:
         x: ``(S, C)`` packed tokens or ``(B, L, C)`` (B documents of L tokens); float32, float16,
             bfloat16 or float64. Channel stride 1; the token stride may exceed C (a slice of a
-            wider projection is read in place).
+            wider projection is read in place). With ``layout="BCL"``: ``(B, C, L)``.
         weight: ``(C, K)`` or ``nn.Conv1d``'s ``(C, 1, K)``, 2 <= K <= 8; may be fp32 with 16-bit x.
         bias: ``(C,)`` in the weight's dtype, or None.
         seq_idx: int32 document index per token (``(S,)``, or ``(B, L)`` for 3-D x); documents
             start where it changes.
-        cu_seqlens: int32 ``(N + 1,)`` document offsets into the S tokens (2-D x only).
-        initial_states: ``(N, K-1, C)`` in x's dtype: the K-1 tokens preceding each document.
+        cu_seqlens: int32 ``(N + 1,)`` document offsets into the S tokens (2-D x, or 3-D x of one
+            batch row).
+        initial_states: ``(N, K-1, C)`` in x's dtype: the K-1 tokens preceding each document
+            (``(N, C, K-1)`` with ``layout="BCL"``).
         return_final_states: also return ``(N, K-1, C)``: each document's last K-1 tokens
-            (initial state rows included when a document is shorter than K-1).
+            (initial state rows included when a document is shorter than K-1); ``(N, C, K-1)``
+            with ``layout="BCL"``.
         grad_dtype: dtype of dweight/dbias: the weight's (default) or torch.float32.
         activation: ``"silu"`` (or ``"swish"``) or None for the identity.
         program: force a kernel program by name (see ``conv1d_silu.routes.PROGRAMS``).
         weight_main_grad / bias_main_grad: fp32 buffers (Megatron-style ``main_grad``) that the
             backward adds dweight / dbias into, in place; the weight then gets no ``.grad``.
+        layout: ``"BLC"`` (token-major, the default) or ``"BCL"`` (``(B, C, L)``, see
+            :mod:`conv1d_silu.layout`).
 
     Returns:
-        y with x's shape and dtype (contiguous), or ``(y, final_states)``.
+        y with x's shape and dtype (and, for ``"BCL"``, x's memory layout), or ``(y, final_states)``.
     """
+    tokens = to_tokens(x, seq_idx, cu_seqlens, initial_states, layout)
+    x, seq_idx, initial_states = tokens.x, tokens.seq_idx, tokens.initial_states
     w2, silu, doc = check_inputs(
         x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program
     )
@@ -75,10 +84,13 @@ def causal_conv1d_silu(
         fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
     if wmg is not None and bias is not None and bmg is None:
         fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
-    return autograd.apply(
+    out = autograd.apply(
         x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
         grad_dtype or w2.dtype, program,
     )
+    if layout == "BLC" and not tokens.packed_row:
+        return out
+    return from_tokens(tokens, *(out if return_final_states else (out, None)))
 
 
 def warmup(device: torch.device | str | int | None = None, dtypes=(torch.bfloat16,), ks=(4,)) -> int:

@@ -20,10 +20,6 @@ from .api import causal_conv1d_silu
 from .validation import activation_flag, fail
 
 
-def _channel_last(x: torch.Tensor) -> bool:
-    return x.shape[1] <= 1 or x.stride(1) == 1
-
-
 def causal_conv1d_fn(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -43,32 +39,19 @@ def causal_conv1d_fn(
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         fail("x", "a (batch, dim, seqlen) tensor", getattr(x, "shape", type(x).__name__))
-    activation_flag(activation)
-    channel_last = _channel_last(x)
-    tokens = x.transpose(1, 2)  # (batch, seqlen, dim): channel stride 1 when x is channel-last
-    if not channel_last:
-        tokens = tokens.contiguous()
-    init = None
-    if initial_states is not None:
-        if not isinstance(initial_states, torch.Tensor) or initial_states.dim() != 3:
-            fail("initial_states", "a (batch, dim, width - 1) tensor", getattr(initial_states, "shape", None))
-        init = initial_states.transpose(1, 2)
     out = causal_conv1d_silu(
-        tokens,
+        x,
         weight,
         bias,
         seq_idx=seq_idx,
-        initial_states=init,
+        initial_states=initial_states,
         return_final_states=return_final_states,
         activation=activation,
+        layout="BCL",
     )
     y, final = out if return_final_states else (out, None)
-    y = y.transpose(1, 2)
-    if not channel_last:
-        y = y.contiguous()
     if not return_final_states:
         return y
-    final = final.transpose(1, 2)  # (batch, dim, width - 1), channel-last like causal-conv1d's
     if final_states_out is not None:
         if final_states_out.shape != final.shape:
             fail("final_states_out", f"shape {tuple(final.shape)}", tuple(final_states_out.shape))

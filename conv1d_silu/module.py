@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from .api import causal_conv1d_silu
+from .layout import LAYOUTS
+from .routes import PROGRAMS
 from .validation import activation_flag
 
 
@@ -26,8 +28,9 @@ class CausalConv1dSiLU(nn.Module):
             read in place (strided slices too). ``"BCL"``: inputs ``(B, C, L)`` like nn.Conv1d; a
             channel-last tensor (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) is still read in
             place, a channel-first one costs a copy in and one out (output in the input's layout).
-        accumulate_into_main_grad: when the weight carries an fp32 ``main_grad`` buffer
-            (Megatron), add the weight/bias gradients into it in place instead of ``.grad``.
+        accumulate_into_main_grad: add the weight/bias gradients in place into the fp32
+            ``main_grad`` buffers that the weight (and bias) carry (Megatron) instead of ``.grad``;
+            a forward that will need gradients raises if the weight has none.
         program: force a kernel program (tests, benchmarks).
     """
 
@@ -50,8 +53,10 @@ class CausalConv1dSiLU(nn.Module):
         if not isinstance(kernel_size, int) or not 2 <= kernel_size <= 8:
             raise ValueError(f"kernel_size: expected an int in [2, 8], got {kernel_size!r}")
         activation_flag(activation)
-        if layout not in ("BLC", "BCL"):
+        if layout not in LAYOUTS:
             raise ValueError(f"layout: expected 'BLC' or 'BCL', got {layout!r}")
+        if program is not None and program not in PROGRAMS:
+            raise ValueError(f"program: expected one of {sorted(PROGRAMS)}, got {program!r}")
         self.layout = layout
         factory = {"device": device, "dtype": dtype}
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
@@ -76,12 +81,16 @@ class CausalConv1dSiLU(nn.Module):
         initial_states: torch.Tensor | None = None,
         return_final_states: bool = False,
     ):
-        if self.layout == "BCL":
-            return self._forward_bcl(x, seq_idx, initial_states, return_final_states)
+        """y (and the final states) of ``x`` in the module's layout; states are ``(N, K-1, C)``
+        with ``"BLC"`` and ``(N, C, K-1)`` with ``"BCL"``."""
         wmg = bmg = None
-        if self.accumulate_into_main_grad and getattr(self.weight, "main_grad", None) is not None:
-            wmg = self.weight.main_grad
-            bmg = getattr(self.bias, "main_grad", None) if self.bias is not None else None
+        if self.accumulate_into_main_grad and torch.is_grad_enabled() and self.weight.requires_grad:
+            wmg = getattr(self.weight, "main_grad", None)
+            if wmg is None:
+                raise ValueError(
+                    "accumulate_into_main_grad: expected the weight to carry an fp32 .main_grad buffer, got none"
+                )
+            bmg = None if self.bias is None else getattr(self.bias, "main_grad", None)
         return causal_conv1d_silu(
             x,
             self.weight,
@@ -94,19 +103,8 @@ class CausalConv1dSiLU(nn.Module):
             program=self.program,
             weight_main_grad=wmg,
             bias_main_grad=bmg,
+            layout=self.layout,
         )
-
-    def _forward_bcl(self, x, seq_idx, initial_states, return_final_states):
-        from .compat import causal_conv1d_fn
-
-        if x.dim() != 3:
-            raise ValueError(f"x: expected (B, C, L) with layout='BCL', got {tuple(x.shape)}")
-        init = None if initial_states is None else initial_states.transpose(1, 2)  # (B, C, K-1) as nn.Conv1d
-        out = causal_conv1d_fn(
-            x, self.weight[:, 0, :], self.bias, seq_idx=seq_idx, initial_states=init,
-            return_final_states=return_final_states, activation=self.activation,
-        )
-        return out
 
     @classmethod
     def from_conv1d(cls, conv: nn.Conv1d, activation: str | None = "silu", **kwargs) -> CausalConv1dSiLU:

@@ -143,3 +143,37 @@ def test_bcl_layout(channel_last):
     ref = CausalConv1dSiLU(12, 4)
     ref.load_state_dict(m.state_dict())
     torch.testing.assert_close(y.transpose(1, 2), ref(base))
+
+
+def test_bcl_layout_takes_every_argument():
+    """layout="BCL" runs the same path as "BLC": documents, states, main_grad and program reach the op."""
+    torch.manual_seed(0)
+    C, K, L = 8, 4, 30
+    m = CausalConv1dSiLU(C, K, layout="BCL", accumulate_into_main_grad=True, program="reference")
+    x = torch.randn(1, C, L, requires_grad=True)
+    cu = torch.tensor([0, 7, 30], dtype=torch.int32)
+    init = torch.randn(2, C, K - 1)
+    m.weight.main_grad = torch.zeros(C, 1, K)
+    m.bias.main_grad = torch.zeros(C)
+    y, final = m(x, cu_seqlens=cu, initial_states=init, return_final_states=True)
+    ref = CausalConv1dSiLU(C, K)
+    ref.load_state_dict(m.state_dict())
+    want_y, want_final = ref(x.detach()[0].T.contiguous(), cu_seqlens=cu, initial_states=init.transpose(1, 2), return_final_states=True)
+    torch.testing.assert_close(y[0].T, want_y)
+    torch.testing.assert_close(final, want_final.transpose(1, 2))
+    assert not torch.allclose(y, m(x.detach(), initial_states=init[:1]))  # the documents changed y
+    y.square().sum().backward()
+    want_y.square().sum().backward()
+    assert m.weight.grad is None and m.bias.grad is None
+    torch.testing.assert_close(m.weight.main_grad, ref.weight.grad)
+    torch.testing.assert_close(m.bias.main_grad, ref.bias.grad)
+
+
+def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
+    with pytest.raises(ValueError, match="program"):
+        CausalConv1dSiLU(8, layout="BCL", program="bogus")
+    m = CausalConv1dSiLU(8, accumulate_into_main_grad=True)
+    with pytest.raises(ValueError, match="main_grad"):
+        m(torch.randn(2, 5, 8))
+    with torch.no_grad():
+        m(torch.randn(2, 5, 8))  # nothing to accumulate

@@ -1,0 +1,77 @@
+"""Layouts: how each entry point's tensors map onto the op's token-major form.
+
+The op works on token-major tensors, ``(S, C)`` or ``(B, L, C)`` with channels contiguous. Every
+entry point (the function, the module, the causal-conv1d drop-in) goes through :func:`to_tokens`
+and :func:`from_tokens`, so every argument reaches the op in every layout:
+
+* ``"BLC"``: x is ``(S, C)`` or ``(B, L, C)``; states are ``(N, K-1, C)``.
+* ``"BCL"``: x is ``(B, C, L)`` like ``nn.Conv1d``'s input and causal-conv1d's; states are
+  ``(N, C, K-1)``. Channel-last memory (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) is read in
+  place; channel-first memory is copied to channel-last first, and the output is copied back to
+  x's layout.
+
+A 3-D x of one batch row with ``cu_seqlens`` holds packed documents (flash-linear-attention's
+form): it runs as ``(S, C)`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .validation import fail
+
+LAYOUTS = ("BLC", "BCL")
+
+
+class Tokens(NamedTuple):
+    """The token-major arguments of one call and how to give the results back."""
+
+    x: torch.Tensor
+    seq_idx: torch.Tensor | None
+    initial_states: torch.Tensor | None
+    layout: str
+    packed_row: bool  # a (1, L, C) batch row ran as (L, C) packed tokens
+    copied: bool  # channel-first memory was copied: the output goes back to that layout
+
+
+def to_tokens(
+    x: object, seq_idx: object, cu_seqlens: object, initial_states: object, layout: object
+) -> Tokens:
+    """The token-major x, seq_idx and initial states of a call in ``layout``."""
+    if layout not in LAYOUTS:
+        fail("layout", "'BLC' or 'BCL'", repr(layout))
+    if not isinstance(x, torch.Tensor):
+        fail("x", "a torch.Tensor", type(x).__name__, TypeError)
+    copied = False
+    if layout == "BCL":
+        if x.dim() != 3:
+            fail("x", "shape (B, C, L) with layout='BCL'", tuple(x.shape))
+        if isinstance(initial_states, torch.Tensor):
+            if initial_states.dim() != 3:
+                fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
+            initial_states = initial_states.transpose(1, 2)
+        channel_last = x.shape[1] <= 1 or x.stride(1) == 1
+        x = x.transpose(1, 2)
+        if not channel_last:
+            x, copied = x.contiguous(), True
+    packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1
+    if packed_row:
+        x = x[0]
+        if isinstance(seq_idx, torch.Tensor) and seq_idx.dim() == 2:
+            seq_idx = seq_idx[0]
+    return Tokens(x, seq_idx, initial_states, layout, packed_row, copied)
+
+
+def from_tokens(t: Tokens, y: torch.Tensor, final: torch.Tensor | None):
+    """The op's token-major results in the call's layout: y, or (y, final_states)."""
+    if t.packed_row:
+        y = y.unsqueeze(0)
+    if t.layout == "BCL":
+        y = y.transpose(1, 2)
+        if t.copied:
+            y = y.contiguous()
+        if final is not None:
+            final = final.transpose(1, 2)
+    return y if final is None else (y, final)
