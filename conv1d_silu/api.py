@@ -52,9 +52,9 @@ def causal_conv1d_silu(
             wider projection is read in place). With ``layout="BCL"``: ``(B, C, L)``.
         weight: ``(C, K)`` or ``nn.Conv1d``'s ``(C, 1, K)``, 2 <= K <= 8; may be fp32 with 16-bit x.
         bias: ``(C,)`` in the weight's dtype, or None.
-        seq_idx: int32 document index per token (``(S,)``, or ``(B, L)`` for 3-D x); documents
+        seq_idx: int32 or int64 document index per token (``(S,)``, or ``(B, L)`` for 3-D x); documents
             start where it changes.
-        cu_seqlens: int32 ``(N + 1,)`` document offsets into the S tokens (2-D x, or 3-D x of one
+        cu_seqlens: int32 or int64 ``(N + 1,)`` document offsets into the S tokens (2-D x, or 3-D x of one
             batch row).
         initial_states: ``(N, K-1, C)`` in x's dtype: the K-1 tokens preceding each document
             (``(N, C, K-1)`` with ``layout="BCL"``).

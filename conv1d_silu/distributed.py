@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from .documents import SEQ_IDX, SINGLE, DocTable
+from .documents import SEQ_IDX, SINGLE, TABLE_DTYPES, DocTable
 from .validation import check_inputs, fail
 
 
@@ -187,8 +187,8 @@ def causal_conv1d_silu_cp(
         x_local: ``(S_r, C)``, this rank's tokens (chunks concatenate in rank order; S_r may be 0).
         weight, bias: as for :func:`conv1d_silu.causal_conv1d_silu`, identical on every rank.
         group: the context-parallel process group (default: the world).
-        seq_idx: int32 ``(S_r,)``, the rank's slice of the global per-token document ids.
-        cu_seqlens: int32 ``(N + 1,)``, the *global* document offsets (the same on every rank).
+        seq_idx: int32 or int64 ``(S_r,)``, the rank's slice of the global per-token document ids.
+        cu_seqlens: int32 or int64 ``(N + 1,)``, the *global* document offsets (the same on every rank).
 
     Returns y_local ``(S_r, C)``. Autograd gives the exact dx of the local tokens and local partial
     dweight / dbias, which the caller sums over the group (see the module docstring).
@@ -201,8 +201,8 @@ def causal_conv1d_silu_cp(
     w2, silu, _ = check_inputs(x_local, weight, bias, seq_idx, None, None, False, activation, grad_dtype, program)
     layout = _Layout(x_local.shape[0], group, x_local.device)
     if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-            fail("cu_seqlens", "a 1-D int32 tensor of global document offsets", getattr(cu_seqlens, "dtype", None))
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in TABLE_DTYPES or cu_seqlens.dim() != 1:
+            fail("cu_seqlens", "a 1-D int32 or int64 tensor of global document offsets", getattr(cu_seqlens, "dtype", None))
         if seq_idx is not None:
             fail("seq_idx", "None when cu_seqlens is given", "both")
         first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])

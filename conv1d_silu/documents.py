@@ -5,9 +5,12 @@ start; windows never cross a document. Four modes, shared by the reference and t
 
 * ``SINGLE``  : 2-D ``x`` without a table: one document of ``S`` tokens.
 * ``BATCH``   : 3-D ``x`` of shape ``(B, L, C)``: ``B`` documents of ``L`` tokens.
-* ``SEQ_IDX`` : ``seq_idx`` int32, one entry per token: a document starts where the value changes
+* ``SEQ_IDX`` : ``seq_idx``, one entry per token: a document starts where the value changes
   (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``.
-* ``CU_SEQLENS``: ``cu_seqlens[N+1]`` int32 offsets: document ``d`` is ``[cu[d], cu[d+1])``.
+* ``CU_SEQLENS``: ``cu_seqlens[N+1]`` offsets: document ``d`` is ``[cu[d], cu[d+1])``.
+
+Tables may be int32 or int64 (flash-linear-attention passes int64 ``cu_seqlens``); the kernels
+read int32, so an int64 table is converted once per call, after its values are checked to fit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 SINGLE, BATCH, SEQ_IDX, CU_SEQLENS = 0, 1, 2, 3
+TABLE_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class DocTable:
     row_len: int  # tokens per batch row (BATCH, and SEQ_IDX on 3-D input); S otherwise
     num_docs: int | None
     table: torch.Tensor | None  # flat int32 seq_idx (S,) or cu_seqlens (N+1,)
+    source: torch.Tensor | None = None  # the caller's table, before any conversion to int32
 
 
 def num_documents(
@@ -56,10 +61,18 @@ def doc_table(
     row_len = x.shape[1] if x.dim() == 3 else S
     n = num_documents(x, seq_idx, cu_seqlens, initial_states)
     if cu_seqlens is not None:
-        return DocTable(CU_SEQLENS, S, row_len, n, cu_seqlens)
+        return DocTable(CU_SEQLENS, S, row_len, n, _int32(cu_seqlens), cu_seqlens)
     if seq_idx is not None:
-        return DocTable(SEQ_IDX, S, row_len, n, seq_idx.reshape(-1))
+        return DocTable(SEQ_IDX, S, row_len, n, _int32(seq_idx.reshape(-1)), seq_idx)
     return DocTable(BATCH if x.dim() == 3 else SINGLE, S, row_len, n, None)
+
+
+def _int32(table: torch.Tensor) -> torch.Tensor:
+    return table if table.dtype == torch.int32 else table.to(torch.int32)
+
+
+def _source(doc: DocTable) -> torch.Tensor:
+    return doc.table if doc.source is None else doc.source
 
 
 def token_positions(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +116,7 @@ def check_table_contents(doc: DocTable) -> str | None:
     capturing a CUDA graph.
     """
     if doc.mode == CU_SEQLENS:
-        cu = doc.table.to(torch.int64)
+        cu = _source(doc).to(torch.int64)
         bad_order = (cu[1:] < cu[:-1]).any() if cu.numel() > 1 else torch.zeros((), dtype=torch.bool)
         first, last, unordered = torch.stack([cu[0], cu[-1], bad_order.to(cu.device, torch.int64)]).tolist()
         if first != 0:
@@ -115,7 +128,7 @@ def check_table_contents(doc: DocTable) -> str | None:
         return None
     if doc.mode != SEQ_IDX or doc.S == 0:
         return None
-    seq = doc.table.view(-1, doc.row_len).to(torch.int64)
+    seq = _source(doc).reshape(-1, doc.row_len).to(torch.int64)
     unordered = (seq[:, 1:] < seq[:, :-1]).any().to(torch.int64)
     lo, hi, unordered = torch.stack([seq.min(), seq.max(), unordered]).tolist()
     if unordered:
@@ -124,4 +137,6 @@ def check_table_contents(doc: DocTable) -> str | None:
         return f"seq_idx: expected values >= 0, got {lo}"
     if doc.num_docs is not None and hi >= doc.num_docs:
         return f"seq_idx: expected values < initial_states.shape[0] == {doc.num_docs}, got {hi}"
+    if hi >= 2**31:
+        return f"seq_idx: expected values < 2**31, got {hi}"
     return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import config
-from .documents import DocTable, check_table_contents, doc_table, num_documents
+from .documents import TABLE_DTYPES, DocTable, check_table_contents, doc_table, num_documents
 from .dtypes import FLOAT_DTYPES
 
 K_MIN, K_MAX = 2, 8
@@ -136,8 +136,8 @@ def check_inputs(
     if seq_idx is not None:
         seq_idx = _tensor("seq_idx", seq_idx)
         _same_device("seq_idx", seq_idx, x)
-        if seq_idx.dtype != torch.int32:
-            fail("seq_idx", "dtype torch.int32", seq_idx.dtype, TypeError)
+        if seq_idx.dtype not in TABLE_DTYPES:
+            fail("seq_idx", "dtype torch.int32 or torch.int64", seq_idx.dtype, TypeError)
         want = tuple(x.shape[:-1])
         if tuple(seq_idx.shape) != want:
             fail("seq_idx", f"shape {want} (one entry per token)", tuple(seq_idx.shape))
@@ -147,9 +147,9 @@ def check_inputs(
         cu_seqlens = _tensor("cu_seqlens", cu_seqlens)
         _same_device("cu_seqlens", cu_seqlens, x)
         if x.dim() != 2:
-            fail("cu_seqlens", "None for 3-D x (each batch row is a document)", "a tensor")
-        if cu_seqlens.dtype != torch.int32:
-            fail("cu_seqlens", "dtype torch.int32", cu_seqlens.dtype, TypeError)
+            fail("cu_seqlens", "None for 3-D x of several batch rows (each row is a document)", "a tensor")
+        if cu_seqlens.dtype not in TABLE_DTYPES:
+            fail("cu_seqlens", "dtype torch.int32 or torch.int64", cu_seqlens.dtype, TypeError)
         if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
             fail("cu_seqlens", "shape (N + 1,) with N >= 1", tuple(cu_seqlens.shape))
         if not cu_seqlens.is_contiguous():

@@ -83,7 +83,7 @@ def test_matches_naive(backend, config, dtypes):
         assert_close(g, r, dtype if name == "dx" else g.dtype, name)  # weight grads at their own dtype's tolerance
 
 
-SEED_VARIANTS = {
+NAMED_VARIANTS = {
     "fwd": dict(direction="fwd", bias=False, docs=False),
     "fwd_bias": dict(direction="fwd", bias=True, docs=False),
     "fwd_dt": dict(direction="fwd", bias=True, docs=True),
@@ -95,10 +95,10 @@ SEED_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", SEED_VARIANTS)
-def test_seed_variants(backend, variant):
-    """Each of the seed's 8 variant names: routed by that name and correct."""
-    v = SEED_VARIANTS[variant]
+@pytest.mark.parametrize("variant", NAMED_VARIANTS)
+def test_named_variants(backend, variant):
+    """Each of the 8 variant names of the route table: routed by that name and correct."""
+    v = NAMED_VARIANTS[variant]
     fp32 = v.get("fp32", False)
     assert routes.variant_name(v["direction"], v["bias"], v["docs"], fp32) == variant
     case = make_case(
@@ -173,3 +173,18 @@ def test_fp32_master_weights_give_fp32_grads(backend):
     assert grads[1].dtype == torch.float32 and grads[2].dtype == torch.float32
     ref = naive_grads(case, dy, None)
     assert_close(grads[1], ref[3], torch.float32, "dweight")
+
+
+@pytest.mark.parametrize("mode", ["cu_seqlens", "seq_idx"])
+def test_int64_tables_give_the_int32_bits(backend, mode):
+    """flash-linear-attention passes int64 cu_seqlens: converted once per call, same bits."""
+    case = make_case(300, 24, 4, mode, init=True, dtype=torch.bfloat16, device=backend.device)
+    first = run(case)
+    kw = api_kwargs(case)
+    table = "cu_seqlens" if mode == "cu_seqlens" else "seq_idx"
+    case[table] = kw[table].long()
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0) if torch.cuda.is_available() else None
+    second = run(case)
+    for a, b in zip((first[0], first[1], *first[2]), (second[0], second[1], *second[2])):
+        assert (a is None and b is None) or torch.equal(a, b)

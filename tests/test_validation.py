@@ -105,8 +105,12 @@ def test_mismatched_devices():
 
 def test_seq_idx_dtype_shape_and_order():
     assert_expected_inline(
-        _err(TypeError, base(seq_idx=torch.zeros(10, dtype=torch.int64))),
-        """seq_idx: expected dtype torch.int32, got torch.int64""",
+        _err(TypeError, base(seq_idx=torch.zeros(10, dtype=torch.int16))),
+        """seq_idx: expected dtype torch.int32 or torch.int64, got torch.int16""",
+    )
+    assert_expected_inline(
+        _err(ValueError, base(seq_idx=torch.tensor([0] * 5 + [2**31] * 5))),
+        """seq_idx: expected values < 2**31, got 2147483648""",
     )
     assert_expected_inline(
         _err(ValueError, base(seq_idx=torch.zeros(9, dtype=torch.int32))),
@@ -130,7 +134,12 @@ def test_seq_idx_beyond_initial_states():
 
 def test_cu_seqlens_checks():
     assert_expected_inline(
-        _err(TypeError, base(cu_seqlens=torch.tensor([0, 10]))), """cu_seqlens: expected dtype torch.int32, got torch.int64"""
+        _err(TypeError, base(cu_seqlens=torch.tensor([0, 10], dtype=torch.int16))),
+        """cu_seqlens: expected dtype torch.int32 or torch.int64, got torch.int16""",
+    )
+    assert_expected_inline(
+        _err(ValueError, base(cu_seqlens=torch.tensor([0, 2**32 + 10]))),
+        """cu_seqlens: expected cu_seqlens[-1] == S == 10, got 4294967306""",
     )
     assert_expected_inline(
         _err(ValueError, base(cu_seqlens=torch.tensor([1, 10], dtype=torch.int32))),
@@ -154,7 +163,7 @@ def test_cu_seqlens_with_3d_x_and_both_tables():
     x3 = torch.randn(2, 5, 4)
     assert_expected_inline(
         _err(ValueError, base(x=x3, cu_seqlens=torch.tensor([0, 10], dtype=torch.int32))),
-        """cu_seqlens: expected None for 3-D x (each batch row is a document), got a tensor""",
+        """cu_seqlens: expected None for 3-D x of several batch rows (each row is a document), got a tensor""",
     )
     assert_expected_inline(
         _err(
