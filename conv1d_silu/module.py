@@ -17,7 +17,11 @@ class CausalConv1dSiLU(nn.Module):
     """Causal depthwise conv1d + SiLU over ``(B, L, C)`` or packed ``(S, C)`` tokens.
 
     Parameters are those of ``nn.Conv1d(C, C, K, groups=C, bias=bias)`` (weight ``(C, 1, K)``),
-    so state dicts load in both directions; the initialisation matches nn.Conv1d's too.
+    so state dicts load in both directions; the initialisation matches nn.Conv1d's too. The module
+    also answers to nn.Conv1d's attributes, read-only: ``in_channels`` and ``out_channels`` and
+    ``groups`` (C), ``kernel_size`` ``(K,)``, ``padding`` ``(K-1,)`` (the left padding that makes
+    it causal: the output is nn.Conv1d's first L positions), ``stride`` and ``dilation`` ``(1,)``,
+    ``padding_mode`` ``"zeros"``; so code that reads a conv's shape keeps working.
 
     Args:
         channels: C.
@@ -59,17 +63,24 @@ class CausalConv1dSiLU(nn.Module):
             raise ValueError(f"program: expected one of {sorted(PROGRAMS)}, got {program!r}")
         self.layout = layout
         factory = {"device": device, "dtype": dtype}
-        self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self._channels, self._width, self.activation = channels, kernel_size, activation
         self.accumulate_into_main_grad, self.program = accumulate_into_main_grad, program
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(channels, **factory)) if bias else None
         self.reset_parameters()
 
+    # nn.Conv1d's attributes, derived from (C, K): setting one would not change the op.
+    channels = in_channels = out_channels = groups = property(lambda self: self._channels)
+    kernel_size = property(lambda self: (self._width,))
+    padding = property(lambda self: (self._width - 1,))
+    stride = dilation = property(lambda self: (1,))
+    padding_mode = property(lambda self: "zeros")
+
     def reset_parameters(self) -> None:
         """nn.Conv1d's initialisation (fan_in = K for a depthwise filter)."""
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1 / math.sqrt(self.kernel_size)
+            bound = 1 / math.sqrt(self._width)
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(
@@ -110,10 +121,11 @@ class CausalConv1dSiLU(nn.Module):
     def from_conv1d(cls, conv: nn.Conv1d, activation: str | None = "silu", **kwargs) -> CausalConv1dSiLU:
         """A module with the parameters of a depthwise ``nn.Conv1d(C, C, K, groups=C)`` (copied)."""
         C = conv.in_channels
-        if conv.out_channels != C or conv.groups != C or conv.stride != (1,) or conv.dilation != (1,):
+        if (conv.out_channels != C or conv.groups != C or conv.stride != (1,) or conv.dilation != (1,)
+                or conv.padding_mode != "zeros"):
             raise ValueError(
-                "conv: expected a depthwise nn.Conv1d(C, C, K, groups=C) with stride 1 and dilation 1, "
-                f"got {conv}"
+                "conv: expected a depthwise nn.Conv1d(C, C, K, groups=C) with stride 1, dilation 1 and "
+                f"zero padding, got {conv}"
             )
         m = cls(C, conv.kernel_size[0], conv.bias is not None, activation,
                 device=conv.weight.device, dtype=conv.weight.dtype, **kwargs)
@@ -126,8 +138,8 @@ class CausalConv1dSiLU(nn.Module):
     def to_conv1d(self) -> nn.Conv1d:
         """An ``nn.Conv1d(C, C, K, groups=C, padding=K-1)`` with these parameters (copied): its
         output's first L positions, through the activation, equal this module's."""
-        conv = nn.Conv1d(self.channels, self.channels, self.kernel_size, groups=self.channels,
-                         padding=self.kernel_size - 1, bias=self.bias is not None,
+        conv = nn.Conv1d(self._channels, self._channels, self._width, groups=self._channels,
+                         padding=self._width - 1, bias=self.bias is not None,
                          device=self.weight.device, dtype=self.weight.dtype)
         with torch.no_grad():
             conv.weight.copy_(self.weight)
@@ -138,6 +150,6 @@ class CausalConv1dSiLU(nn.Module):
     def extra_repr(self) -> str:
         layout = "" if self.layout == "BLC" else f", layout={self.layout!r}"
         return (
-            f"{self.channels}, kernel_size={self.kernel_size}, bias={self.bias is not None}, "
+            f"{self._channels}, kernel_size={self._width}, bias={self.bias is not None}, "
             f"activation={self.activation!r}{layout}"
         )

@@ -124,12 +124,14 @@ def test_compile_with_main_grad_accumulation():
 def test_from_and_to_conv1d():
     conv = nn.Conv1d(10, 10, 3, groups=10, padding=2)
     m = CausalConv1dSiLU.from_conv1d(conv)
-    assert m.kernel_size == 3 and torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
+    assert m.kernel_size == (3,) and torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
     back = m.to_conv1d()
     x = torch.randn(2, 10, 30)
     torch.testing.assert_close(F.silu(back(x)[..., :30]).transpose(1, 2), m(x.transpose(1, 2).contiguous()))
     with pytest.raises(ValueError, match="depthwise"):
         CausalConv1dSiLU.from_conv1d(nn.Conv1d(10, 20, 3))
+    with pytest.raises(ValueError, match="zero padding"):
+        CausalConv1dSiLU.from_conv1d(nn.Conv1d(10, 10, 3, groups=10, padding=2, padding_mode="circular"))
 
 
 @pytest.mark.parametrize("channel_last", [True, False])
@@ -177,3 +179,19 @@ def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
         m(torch.randn(2, 5, 8))
     with torch.no_grad():
         m(torch.randn(2, 5, 8))  # nothing to accumulate
+
+
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+def test_carries_conv1d_attributes(layout):
+    """Code that reads a conv's shape (transformers reads ``conv1d.kernel_size[0]``) sees the
+    nn.Conv1d that this module equals: depthwise, stride 1, padded by K-1 on the left."""
+    m = CausalConv1dSiLU(12, 3, layout=layout)
+    conv = nn.Conv1d(12, 12, 3, groups=12, padding=2)
+    for name in ("in_channels", "out_channels", "kernel_size", "groups", "padding", "stride", "dilation", "padding_mode"):
+        assert getattr(m, name) == getattr(conv, name), name
+        with pytest.raises(AttributeError):
+            setattr(m, name, getattr(conv, name))
+    assert m.channels == 12 and m.weight.shape == conv.weight.shape
+    back = CausalConv1dSiLU.from_conv1d(m)  # a module is accepted wherever a depthwise conv is
+    assert torch.equal(back.weight, m.weight) and back.kernel_size == (3,)
+
