@@ -1,4 +1,4 @@
-"""CausalConv1dSiLU: nn.Conv1d compatibility, repr, and torch.compile (fullgraph, dynamic)."""
+"""CausalConv1dSiLU: nn.Conv1d compatibility, decoding, repr, and torch.compile (fullgraph, dynamic)."""
 
 from __future__ import annotations
 
@@ -124,12 +124,14 @@ def test_compile_with_main_grad_accumulation():
 def test_from_and_to_conv1d():
     conv = nn.Conv1d(10, 10, 3, groups=10, padding=2)
     m = CausalConv1dSiLU.from_conv1d(conv)
-    assert m.kernel_size == 3 and torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
+    assert m.kernel_size == (3,) and torch.equal(m.weight, conv.weight) and torch.equal(m.bias, conv.bias)
     back = m.to_conv1d()
     x = torch.randn(2, 10, 30)
     torch.testing.assert_close(F.silu(back(x)[..., :30]).transpose(1, 2), m(x.transpose(1, 2).contiguous()))
     with pytest.raises(ValueError, match="depthwise"):
         CausalConv1dSiLU.from_conv1d(nn.Conv1d(10, 20, 3))
+    with pytest.raises(ValueError, match="zero padding"):
+        CausalConv1dSiLU.from_conv1d(nn.Conv1d(10, 10, 3, groups=10, padding=2, padding_mode="circular"))
 
 
 @pytest.mark.parametrize("channel_last", [True, False])
@@ -177,3 +179,103 @@ def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
         m(torch.randn(2, 5, 8))
     with torch.no_grad():
         m(torch.randn(2, 5, 8))  # nothing to accumulate
+
+
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+def test_carries_conv1d_attributes(layout):
+    """Code that reads a conv's shape (transformers reads ``conv1d.kernel_size[0]``) sees the
+    nn.Conv1d that this module equals: depthwise, stride 1, padded by K-1 on the left."""
+    m = CausalConv1dSiLU(12, 3, layout=layout)
+    conv = nn.Conv1d(12, 12, 3, groups=12, padding=2)
+    for name in ("in_channels", "out_channels", "kernel_size", "groups", "padding", "stride", "dilation", "padding_mode"):
+        assert getattr(m, name) == getattr(conv, name), name
+        with pytest.raises(AttributeError):
+            setattr(m, name, getattr(conv, name))
+    assert m.channels == 12 and m.weight.shape == conv.weight.shape
+    back = CausalConv1dSiLU.from_conv1d(m)  # a module is accepted wherever a depthwise conv is
+    assert torch.equal(back.weight, m.weight) and back.kernel_size == (3,)
+
+
+def _decode(m, x, prefix, cache):
+    """Step through the tokens of ``x`` (B, L, C) from ``prefix`` on, updating ``cache``."""
+    ys = []
+    for t in range(prefix, x.shape[1]):
+        token = x[:, t] if t % 2 else (x[:, t : t + 1] if m.layout == "BLC" else x[:, t, :, None])
+        ys.append(m.step(token, cache).reshape(x.shape[0], -1))
+    return torch.stack(ys, 1)
+
+
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_after_prefill_is_bitwise_the_forward(backend, layout, activation, dtype):
+    """Prefill L tokens, take the final states as the cache, step the next tokens: each output is
+    bitwise the forward's over all the tokens (the step runs the same op, the cache as initial
+    states), and the cache ends as the forward's final states."""
+    B, C, K, L, T = 3, 16, 4, 9, 4
+    m = CausalConv1dSiLU(C, K, activation=activation, layout=layout, device=backend.device)
+    x = torch.randn(B, L + T, C, device=backend.device).to(dtype)
+    m = m.to(dtype)
+    into = (lambda t: t.contiguous()) if layout == "BLC" else (lambda t: t.transpose(1, 2).contiguous())
+    back = (lambda t: t) if layout == "BLC" else (lambda t: t.transpose(1, 2))
+    with torch.no_grad():
+        want, want_final = m(into(x), return_final_states=True)
+        _, cache = m(into(x[:, :L]), return_final_states=True)
+        got = _decode(m, x, L, cache)
+    assert torch.equal(got, back(want)[:, L:])
+    assert torch.equal(cache, want_final)
+
+
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+def test_step_from_a_new_cache_and_a_width_k_cache(backend, layout):
+    """new_cache() starts sequences from zeros like the forward does; a cache of K columns
+    (causal-conv1d's and flash-linear-attention's form) reads its last K-1 and shifts by one."""
+    B, C, K, L = 2, 8, 4, 7
+    m = CausalConv1dSiLU(C, K, layout=layout, device=backend.device)
+    x = torch.randn(B, L, C, device=backend.device)
+    with torch.no_grad():
+        want = m(x if layout == "BLC" else x.transpose(1, 2))
+        want = want if layout == "BLC" else want.transpose(1, 2)
+        cache = m.new_cache(B)
+        assert cache.shape == ((B, K - 1, C) if layout == "BLC" else (B, C, K - 1)) and not cache.any()
+        assert torch.equal(_decode(m, x, 0, cache), want)
+        wide = torch.zeros(B, K, C, device=backend.device)  # the tokens before the sequence: zeros
+        wide = wide if layout == "BLC" else wide.transpose(1, 2).contiguous()
+        assert torch.equal(_decode(m, x, 0, wide), want)
+    last = x[:, L - K :]
+    assert torch.equal(wide, last if layout == "BLC" else last.transpose(1, 2))
+
+
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+def test_step_records_gradients_through_the_window(layout):
+    """With autograd on, the step's backward reaches x and the weight after the cache moved on."""
+    m = CausalConv1dSiLU(8, 4, layout=layout)
+    x = torch.randn(2, 8, requires_grad=True)
+    cache = m.new_cache(2).normal_()
+    m.step(x, cache).sum().backward()
+    assert x.grad is not None and m.weight.grad is not None and m.weight.grad.abs().sum() > 0
+
+
+def test_step_refuses_bad_inputs():
+    m = CausalConv1dSiLU(8, 4)
+    cache = m.new_cache(2)
+    with pytest.raises(ValueError, match="x: expected one token per sequence"):
+        m.step(torch.randn(2, 3, 8), cache)
+    with pytest.raises(ValueError, match="x: expected one token"):
+        m.step(torch.randn(2, 7), cache)
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor"):
+        m.step([0.0] * 8, cache)
+    with pytest.raises(ValueError, match=r"cache: expected shape \(2, W >= 3, 8\)"):
+        m.step(torch.randn(2, 8), torch.zeros(2, 2, 8))
+    with pytest.raises(ValueError, match="cache: expected shape"):
+        m.step(torch.randn(2, 8), torch.zeros(3, 3, 8))
+    with pytest.raises(ValueError, match="cache: expected shape"):
+        m.step(torch.randn(2, 8), torch.zeros(2, 8, 3))  # the "BCL" form given to a "BLC" module
+    with pytest.raises(TypeError, match="cache: expected x's dtype"):
+        m.step(torch.randn(2, 8), cache.double())
+    with pytest.raises(TypeError, match="cache: expected a torch.Tensor"):
+        m.step(torch.randn(2, 8), None)
+    with pytest.raises(ValueError, match="batch"):
+        m.new_cache(-1)
+    with pytest.raises(ValueError, match=r"x: expected one token per sequence, shape \(B, 8\) or \(B, 8, 1\)"):
+        CausalConv1dSiLU(8, 4, layout="BCL").step(torch.randn(2, 1, 8), cache)
