@@ -61,7 +61,9 @@ def causal_conv1d_silu(
         return_final_states: also return ``(N, K-1, C)``: each document's last K-1 tokens
             (initial state rows included when a document is shorter than K-1); ``(N, C, K-1)``
             with ``layout="BCL"``.
-        grad_dtype: dtype of dweight/dbias: the weight's (default) or torch.float32.
+        grad_dtype: dtype dweight/dbias are computed in: the weight's (default), or torch.float32
+            with ``weight_main_grad`` (autograd would cast an fp32 gradient back to a 16-bit
+            weight's dtype, so that combination is refused).
         activation: ``"silu"`` (or ``"swish"``) or None for the identity.
         program: force a kernel program by name (see ``conv1d_silu.routes.PROGRAMS``).
         weight_main_grad / bias_main_grad: fp32 buffers (Megatron-style ``main_grad``) that the
@@ -84,6 +86,11 @@ def causal_conv1d_silu(
         fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
     if wmg is not None and bias is not None and bmg is None:
         fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
+    if grad_dtype == torch.float32 and w2.dtype != torch.float32 and wmg is None:
+        # autograd casts a parameter's gradient to the parameter's dtype, so the fp32 sums would be
+        # rounded to the weight's dtype and give exactly the bits of grad_dtype=None
+        fail("grad_dtype", "None, or torch.float32 with fp32 weights or weight_main_grad (an fp32 buffer "
+             "the fp32 gradient is added into)", f"torch.float32 with a {w2.dtype} weight and no main_grad")
     out = autograd.apply(
         x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
         grad_dtype or w2.dtype, program,

@@ -85,6 +85,8 @@ class Case:
             return ValueError, "initial_states: expected None with 3-D x and seq_idx"
         if self.docs == "seq_idx" and self.final and not self.initial:
             return ValueError, "return_final_states: expected initial_states"
+        if self.grads == "grad_dtype":  # 16-bit weights: autograd would round fp32 gradients back
+            return ValueError, "grad_dtype"
         return None
 
 
@@ -248,25 +250,15 @@ def test_every_argument_in_every_layout(device, case, monkeypatch):
         if main is not None:
             assert w.grad is None and b.grad is None, "main_grad accumulation leaves .grad alone"
             dw, db = (buf - start for buf, start in zip(main, MAIN_GRAD_START))
-        else:  # autograd hands .grad over in the weight's dtype (test_grad_dtype_... below)
+        else:  # autograd hands .grad over in the weight's dtype
             dw, db = w.grad.view(C, K), b.grad
             assert dw.dtype == db.dtype == w.dtype
         assert_close(dw, want["dweight"], name="dweight")
         assert_close(db, want["dbias"], name="dbias")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grad_dtype=torch.float32 with a 16-bit weight has no effect: the op returns fp32 gradients "
-    "and autograd casts them back to the weight's dtype; api.py should refuse it (naming grad_dtype) "
-    "unless main_grad buffers take the gradients",
-)
 def test_grad_dtype_is_not_silently_ignored():
     x = torch.randn(20, C, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(C, K, dtype=torch.bfloat16, requires_grad=True)
-    try:
-        causal_conv1d_silu(x, w, grad_dtype=torch.float32).float().sum().backward()
-    except ValueError as e:
-        assert "grad_dtype" in str(e)
-        return
-    assert w.grad.dtype == torch.float32
+    with pytest.raises(ValueError, match="grad_dtype"):
+        causal_conv1d_silu(x, w, grad_dtype=torch.float32)
