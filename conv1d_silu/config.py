@@ -22,3 +22,10 @@ def check_documents() -> bool:
     ``CONV1D_SILU_CHECK_DOCS=0`` turns the check off; kernels stay memory-safe for any table content.
     """
     return os.environ.get("CONV1D_SILU_CHECK_DOCS", "1") not in ("0", "false", "False", "")
+
+
+def programmatic_launches() -> bool:
+    """Whether the fold kernel may start early by programmatic dependent launch (sm_90+, a CUDA 12.3
+    driver). ``CONV1D_SILU_PROGRAMMATIC=0`` forces plain stream-ordered launches, the path every
+    older GPU takes (the tests run it on an sm_90 GPU too); the bits are the same."""
+    return os.environ.get("CONV1D_SILU_PROGRAMMATIC", "1") not in ("0", "false", "False", "")

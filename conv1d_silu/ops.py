@@ -53,9 +53,18 @@ def _arch(device: torch.device) -> str:
     return _cuda_arch(device_index(device))
 
 
+MIN_CAPABILITY = (8, 0)  # the kernels' row pipeline is cp.async, an sm_80 instruction
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_arch(index: int) -> str:
-    return routes.arch_of(torch.cuda.get_device_capability(index))
+    capability = torch.cuda.get_device_capability(index)
+    if capability < MIN_CAPABILITY:
+        raise RuntimeError(
+            f"conv1d_silu: the CUDA kernels need compute capability 8.0 or newer (cp.async); GPU {index} is "
+            f"{capability[0]}.{capability[1]}. program='reference' runs the PyTorch reference on it."
+        )
+    return routes.arch_of(capability)
 
 
 ROUTED = ""  # a program argument that means: the route table, CONV1D_SILU_PROGRAM already read

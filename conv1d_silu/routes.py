@@ -417,10 +417,23 @@ ROUTES = route_table()
 
 
 def arch_of(capability: tuple[int, int]) -> str:
-    """Route-table arch name of a CUDA compute capability (unknown ones map to 'generic')."""
+    """Route-table arch name of a CUDA compute capability. An arch without a table (sm_80, sm_86,
+    sm_89, sm_120, ...) maps to 'generic', the default programs, with a warning once: they are
+    correct everywhere but were measured on none of those GPUs."""
     major, minor = capability
     name = f"sm_{major}{minor}" if major < 10 else f"sm_{major}{minor}a"
-    return name if name in ROUTES else "generic"
+    if name in ROUTES:
+        return name
+    _warn_unmeasured(name)
+    return "generic"
+
+
+@functools.cache
+def _warn_unmeasured(arch: str) -> None:
+    logger.warning(
+        "conv1d_silu: no measured route table for %s; the default programs run there (correct, not tuned). "
+        "`python -m conv1d_silu.tune --out DIR` measures one on this GPU.", arch
+    )
 
 
 @functools.cache

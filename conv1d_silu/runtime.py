@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from . import config, kernels
 
 NVRTC_OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
@@ -330,7 +330,7 @@ def launch(spec: Launch, device: torch.device) -> None:
 
 def _submit(driver, handle: int, spec: Launch, index: int, params: int) -> None:
     stream = current_stream_ptr(index)
-    if spec.programmatic and programmatic_launches(index):
+    if spec.programmatic and programmatic_launches(index) and config.programmatic_launches():
         _launch_programmatic(handle, spec, stream, params)
     else:
         gx, gy, gz = spec.grid

@@ -169,6 +169,24 @@ def test_captured_fold_launch_replays_with_eager_bits(program):
             assert torch.equal(a, c)
 
 
+def test_plain_launches_give_the_programmatic_bits(monkeypatch):
+    """GPUs before sm_90 (or drivers before CUDA 12.3) launch the fold kernel plainly, stream-ordered;
+    forced here on this GPU, the bits are those of the programmatic launch."""
+    from conv1d_silu import gpu, ops, routes
+
+    torch.manual_seed(6)
+    x = torch.randn(70000, 72, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(72, 4, device="cuda"), torch.randn(72, device="cuda")
+    dy = torch.randn_like(x)
+    doc = doc_table(x, None, None, None)
+    assert gpu.split_fold(gpu.tree_shape(70000)[1][routes.PROGRAMS["rowgroup_8b"].cta_level])
+    first = ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, "rowgroup_8b")
+    monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", "0")
+    second = ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, "rowgroup_8b")
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, c) for a, c in zip(first[:3], second[:3]))
+
+
 def test_compile_fullgraph_on_cuda_matches_eager_bitwise():
     torch.manual_seed(2)
     model = CausalConv1dSiLU(128, 4).cuda()

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from conv1d_silu import routes
 from conv1d_silu.routes import INF, PROGRAMS, ROUTES, VARIANTS, RouteTableError, Rule, select
@@ -112,6 +113,30 @@ def test_arch_names():
     assert routes.arch_of((10, 3)) == "sm_103a"
     assert routes.arch_of((10, 7)) == "sm_107a"
     assert routes.arch_of((8, 0)) == "generic"
+
+
+@pytest.mark.parametrize("capability,name", [((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 9), "sm_89"), ((12, 0), "sm_120a")])
+def test_every_gpu_causal_conv1d_builds_for_gets_the_default_route_and_one_warning(caplog, capability, name):
+    routes._warn_unmeasured.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="conv1d_silu"):
+        for _ in range(3):
+            arch = routes.arch_of(capability)
+            assert arch == "generic"
+            assert select(arch, "bwd", 384, 65536).name == "rowgroup"
+            assert select(arch, "fwd_dt", 384, 65536).name == "fwd_rows"
+    assert [r.message.split(";")[0] for r in caplog.records] == [f"conv1d_silu: no measured route table for {name}"]
+
+
+def test_gpus_below_sm80_get_a_clear_error(monkeypatch):
+    from conv1d_silu import ops
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 5))
+    ops._cuda_arch.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"compute capability 8.0 or newer.*7\.5.*program='reference'"):
+            ops._cuda_arch(0)
+    finally:
+        ops._cuda_arch.cache_clear()
 
 
 def test_variant_names():

@@ -367,3 +367,24 @@ def ops_arch() -> str:
     from conv1d_silu import ops
 
     return ops._arch(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("env,want", [(None, "programmatic"), ("0", "plain")])
+def test_programmatic_launches_can_be_forced_off(monkeypatch, env, want):
+    """CONV1D_SILU_PROGRAMMATIC=0 sends a launch marked programmatic through cuLaunchKernel: the path
+    of every GPU before sm_90, which tests/test_gpu.py runs on an sm_90 GPU for the bits."""
+    calls = []
+
+    class Driver:
+        def launchKernel(self, *args):
+            calls.append("plain")
+
+    if env is None:
+        monkeypatch.delenv("CONV1D_SILU_PROGRAMMATIC", raising=False)
+    else:
+        monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", env)
+    monkeypatch.setattr(runtime, "programmatic_launches", lambda index: True)
+    monkeypatch.setattr(runtime, "current_stream_ptr", lambda index: 0)
+    monkeypatch.setattr(runtime, "_launch_programmatic", lambda *args: calls.append("programmatic"))
+    runtime._submit(Driver(), 0, launch(programmatic=True), 0, 0)
+    assert calls == [want]
