@@ -145,7 +145,10 @@ class _ContextParallelConv(torch.autograd.Function):
         if not has_table:
             doc = DocTable(SINGLE, S, S, 1, None)
         else:
-            rel = (ids - ids[:1]).to(torch.int32) if S > 0 else ids.to(torch.int32)
+            # padding (negative ids) stays negative; a chunk that starts with padding has no document
+            # continuing from the previous rank, so its documents all start at 1 (stateless)
+            first = torch.where(ids[:1] >= 0, ids[:1], -1) if S > 0 else ids[:1]
+            rel = torch.where(ids < 0, -1, ids - first).to(torch.int32)
             doc = DocTable(SEQ_IDX, S, max(S, 1), 1, rel)
         y, _ = ops.forward_impl(x, weight, bias, doc, init, False, silu, program)
         ctx.save_for_backward(x, weight, bias, ids, init)

@@ -6,7 +6,9 @@ start; windows never cross a document. Four modes, shared by the reference and t
 * ``SINGLE``  : 2-D ``x`` without a table: one document of ``S`` tokens.
 * ``BATCH``   : 3-D ``x`` of shape ``(B, L, C)``: ``B`` documents of ``L`` tokens.
 * ``SEQ_IDX`` : ``seq_idx``, one entry per token: a document starts where the value changes
-  (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``.
+  (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``. A negative value
+  marks a padding token (causal-conv1d's convention for the tail of a batch row): its output and
+  gradient are 0 and it belongs to no document.
 * ``CU_SEQLENS``: ``cu_seqlens[N+1]`` offsets: document ``d`` is ``[cu[d], cu[d+1])``.
 
 Tables may be int32 or int64 (flash-linear-attention passes int64 ``cu_seqlens``); the kernels
@@ -76,7 +78,8 @@ def _source(doc: DocTable) -> torch.Tensor:
 
 
 def token_positions(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per token: (rows since its document's start, its state index), both int64, no host sync."""
+    """Per token: (rows since its document's start, its state index), both int64, no host sync; a
+    padding token's state index is negative."""
     t = torch.arange(doc.S, device=device)
     if doc.mode == SINGLE:
         return t, torch.zeros_like(t)
@@ -102,9 +105,14 @@ def doc_spans(doc: DocTable, device: torch.device) -> tuple[torch.Tensor, torch.
         cu = doc.table.to(device=device, dtype=torch.int64)
         return cu[:-1], cu[1:]
     if doc.mode == SEQ_IDX:
+        # first and last row of each id, whatever padding lies between documents; an id without rows
+        # is an empty document at 0
         seq = doc.table.to(device=device, dtype=torch.int64)
-        ids = torch.arange(n, device=device)
-        return torch.searchsorted(seq, ids), torch.searchsorted(seq, ids, right=True)
+        t = torch.arange(doc.S, device=device)
+        ids = torch.where((seq >= 0) & (seq < n), seq, n)  # padding and stray ids: a bucket past the end
+        end = torch.zeros(n + 1, dtype=torch.int64, device=device).scatter_reduce(0, ids, t + 1, "amax")[:n]
+        start = torch.full((n + 1,), doc.S, dtype=torch.int64, device=device).scatter_reduce(0, ids, t, "amin")[:n]
+        return torch.minimum(start, end), end
     starts = torch.arange(n, device=device) * doc.row_len
     return starts, starts + doc.row_len
 
@@ -129,12 +137,17 @@ def check_table_contents(doc: DocTable) -> str | None:
     if doc.mode != SEQ_IDX or doc.S == 0:
         return None
     seq = _source(doc).reshape(-1, doc.row_len).to(torch.int64)
-    unordered = (seq[:, 1:] < seq[:, :-1]).any().to(torch.int64)
-    lo, hi, unordered = torch.stack([seq.min(), seq.max(), unordered]).tolist()
+    pad = seq < 0
+    # the largest document id so far in each row, -1 before the first
+    last = torch.where(pad, -1, seq).cummax(dim=1).values[:, :-1]
+    real = ~pad[:, 1:]
+    unordered = (real & (seq[:, 1:] < last)).any()
+    rejoined = (real & pad[:, :-1] & (seq[:, 1:] == last)).any()  # a document continuing across padding
+    hi, unordered, rejoined = torch.stack([seq.max(), unordered.long(), rejoined.long()]).tolist()
     if unordered:
-        return "seq_idx: expected non-decreasing values within each sequence"
-    if lo < 0:
-        return f"seq_idx: expected values >= 0, got {lo}"
+        return "seq_idx: expected non-decreasing values within each sequence (negative values mark padding)"
+    if rejoined:
+        return "seq_idx: expected a new document after padding (negative values), got the one before it again"
     if doc.num_docs is not None and hi >= doc.num_docs:
         return f"seq_idx: expected values < initial_states.shape[0] == {doc.num_docs}, got {hi}"
     if hi >= 2**31:

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .documents import DocTable, doc_table, token_positions
+from .documents import SEQ_IDX, DocTable, doc_table, token_positions
 from .dtypes import accumulator_dtype
 from .states import add_final_state_grads, final_state_sources
 
@@ -39,8 +39,8 @@ def _taps(x2, K, pos, state, init):
             taps.append(torch.where(inside, shifted, torch.zeros_like(shifted)))
         else:
             row = (pos + k).clamp(max=K - 2)
-            # documents whose state index is past the table have no state (zeros)
-            has_state = (state < init.shape[0]).unsqueeze(1)
+            # padding (a negative index) and documents past the table have no state (zeros)
+            has_state = ((state >= 0) & (state < init.shape[0])).unsqueeze(1)
             from_state = torch.where(has_state, init[state.clamp(0, init.shape[0] - 1), row], torch.zeros_like(shifted))
             taps.append(torch.where(inside, shifted, from_state))
     return taps
@@ -110,6 +110,8 @@ def forward(
     for k in range(K):
         z = z + w[:, k] * taps[k]
     y = _silu(z) if silu else z
+    if doc.mode == SEQ_IDX:  # padding tokens output 0
+        y = torch.where((state < 0).unsqueeze(1), torch.zeros_like(y), y)
     final = None
     if return_final_states:
         src, from_x, init_row = final_state_sources(doc, K, x.device)
@@ -163,6 +165,8 @@ def backward(
         for k in range(K):
             z = z + w[:, k] * taps[k]
         g = g * _silu_grad(z)
+    if doc.mode == SEQ_IDX:  # padding passes no gradient
+        g = torch.where((state < 0).unsqueeze(1), torch.zeros_like(g), g)
 
     dx = torch.zeros_like(x2)
     dinit = None if init is None else torch.zeros(init.shape, dtype=acc, device=init.device)
@@ -173,7 +177,7 @@ def backward(
         if S > shift:
             dx[: S - shift] += torch.where(inside, contrib, torch.zeros_like(contrib))[shift:]
         if dinit is not None:
-            outside = ~inside.squeeze(1) & (state < dinit.shape[0])
+            outside = ~inside.squeeze(1) & (state >= 0) & (state < dinit.shape[0])
             rows = state[outside] * (K - 1) + (pos[outside] + k)
             dinit.view(-1, C).index_add_(0, rows, contrib[outside])
     dx = dx[:n_own]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conv1d_silu import causal_conv1d_silu, routes
 from helpers import api_kwargs, assert_close, make_case, naive_grads
@@ -198,3 +199,85 @@ def test_int64_tables_give_the_int32_bits(backend, mode):
     second = run(case)
     for a, b in zip((first[0], first[1], *first[2]), (second[0], second[1], *second[2])):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def _padded_case(device, two_d: bool, K: int = 4, C: int = 12):
+    """seq_idx with padding (-1) the way causal-conv1d's callers pad: between documents and at the
+    end of each row; with 2-D x, initial states for every document id."""
+    g = torch.Generator().manual_seed(11)
+    if two_d:
+        ids = [0] * 9 + [1] * 2 + [-1] * 5 + [2] * 14 + [-1] * 3 + [4] * 1 + [-1] * 4
+        seq = torch.tensor(ids, dtype=torch.int32)
+        x = torch.randn(len(ids), C, generator=g)
+        init = torch.randn(5, K - 1, C, generator=g)
+    else:
+        rows = [[0] * 20 + [-1] * 6, [1] * 3 + [2] * 15 + [-1] * 8]
+        seq = torch.tensor(rows, dtype=torch.int32)
+        x = torch.randn(2, 26, C, generator=g)
+        init = None
+    w, b = torch.randn(C, K, generator=g), torch.randn(C, generator=g)
+    return [t.to(device) if t is not None else None for t in (x, w, b, seq, init)]
+
+
+@pytest.mark.parametrize("two_d", [True, False], ids=["packed_with_states", "rows"])
+def test_negative_seq_idx_is_padding(backend, two_d):
+    """Padding tokens (seq_idx < 0) output exactly 0, take and pass no gradient, and read and write
+    no state; every document equals the same document run alone."""
+    x, w, b, seq, init = _padded_case(backend.device, two_d)
+    C, K = w.shape
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)] + ([init.detach().requires_grad_()] if two_d else [])
+    kw = dict(seq_idx=seq, initial_states=leaves[3], return_final_states=True) if two_d else dict(seq_idx=seq)
+    out = causal_conv1d_silu(*leaves[:3], **kw)
+    y, final = out if two_d else (out, None)
+    dy = torch.randn_like(y)
+    loss = (y.double() * dy.double()).sum()
+    if two_d:
+        dfinal = torch.randn_like(final)
+        loss = loss + (final.double() * dfinal.double()).sum()
+    grads = torch.autograd.grad(loss, leaves)
+
+    pad = (seq < 0).reshape(y.shape[:-1])
+    assert torch.equal(y[pad], torch.zeros_like(y[pad])), "padding outputs exactly 0"
+    assert torch.equal(grads[0][pad], torch.zeros_like(grads[0][pad])), "padding gets no gradient"
+
+    # the oracle: each document alone (float64), padding left out
+    x64, w64, b64 = (t.detach().cpu().double().requires_grad_() for t in (x, w, b))
+    init64 = init.detach().cpu().double().requires_grad_() if two_d else None
+    flat_x, flat_seq, flat_dy = x64.reshape(-1, C), seq.cpu().reshape(-1), dy.detach().cpu().double().reshape(-1, C)
+    want_y = torch.zeros_like(flat_x)
+    ref_loss = 0
+    row_len = flat_seq.numel() if two_d else seq.shape[1]
+    t = 0
+    while t < flat_seq.numel():
+        e = t + 1
+        while e < flat_seq.numel() and flat_seq[e] == flat_seq[t] and e % row_len:
+            e += 1
+        d = int(flat_seq[t])
+        if d >= 0:
+            pre = init64[d] if two_d else flat_x.new_zeros(K - 1, C)
+            full = torch.cat([pre, flat_x[t:e]])
+            z = F.conv1d(full.T[None], w64[:, None], b64, groups=C)[0].T
+            want_y[t:e] = F.silu(z)
+            ref_loss = ref_loss + (F.silu(z) * flat_dy[t:e]).sum()
+            if two_d:
+                ref_loss = ref_loss + (full[-(K - 1):] * dfinal[d].detach().cpu().double()).sum()
+        t = e
+    if two_d:  # ids without tokens: their final state is their initial state
+        for d in set(range(init.shape[0])) - set(flat_seq.tolist()):
+            ref_loss = ref_loss + (init64[d] * dfinal[d].detach().cpu().double()).sum()
+    assert_close(y.reshape(-1, C), want_y.to(y.dtype), y.dtype, "y")
+    want = torch.autograd.grad(ref_loss, [x64, w64, b64] + ([init64] if two_d else []))
+    names = ("dx", "dweight", "dbias", "dinitial")
+    for got, ref, name in zip(grads, want, names):
+        assert_close(got, ref.to(got.dtype), torch.float32, name)
+    if two_d:  # id 3 has no tokens: its final state is its initial state, untouched by padding
+        assert torch.equal(final[3], init[3])
+
+
+def test_padding_must_not_join_or_reorder_documents():
+    x, w = torch.randn(6, 4), torch.randn(4, 4)
+    for ids, message in (([0, 0, -1, 0, 1, 1], "new document after padding"), ([1, 1, -1, 0, 0, 0], "non-decreasing")):
+        with pytest.raises(ValueError, match=message):
+            causal_conv1d_silu(x, w, seq_idx=torch.tensor(ids, dtype=torch.int32))
+    y = causal_conv1d_silu(x, w, seq_idx=torch.full((6,), -1, dtype=torch.int32))
+    assert torch.equal(y, torch.zeros_like(y))

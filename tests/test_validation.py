@@ -118,10 +118,14 @@ def test_seq_idx_dtype_shape_and_order():
     )
     bad = torch.tensor([0, 0, 1, 1, 0, 2, 2, 2, 2, 2], dtype=torch.int32)
     assert_expected_inline(
-        _err(ValueError, base(seq_idx=bad)), """seq_idx: expected non-decreasing values within each sequence"""
+        _err(ValueError, base(seq_idx=bad)),
+        """seq_idx: expected non-decreasing values within each sequence (negative values mark padding)""",
     )
-    neg = torch.tensor([-1] * 10, dtype=torch.int32)
-    assert_expected_inline(_err(ValueError, base(seq_idx=neg)), """seq_idx: expected values >= 0, got -1""")
+    rejoined = torch.tensor([0, 0, -1, -1, 0, 2, 2, 2, 2, 2], dtype=torch.int32)
+    assert_expected_inline(
+        _err(ValueError, base(seq_idx=rejoined)),
+        """seq_idx: expected a new document after padding (negative values), got the one before it again""",
+    )
 
 
 def test_seq_idx_beyond_initial_states():

@@ -34,6 +34,34 @@ CASES = [
 ]
 
 
+def padding_case() -> int:
+    """seq_idx < 0 marks padding between documents and at the end, with states: every program against
+    the reference program on the same GPU tensors."""
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    ids = [0] * 300 + [-1] * 50 + [1] * 400 + [-1] * 30 + [3] * 100 + [-1] * 21
+    seq = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    C, K = 24, 4
+    x = torch.randn(len(ids), C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w, b = torch.randn(C, K, device="cuda", generator=gen), torch.randn(C, device="cuda", generator=gen)
+    init = torch.randn(4, K - 1, C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    dy, dfin = torch.randn_like(x), torch.randn_like(init)
+
+    def run(program):
+        leaves = [t.detach().requires_grad_() for t in (x, w, b, init)]
+        y, fin = causal_conv1d_silu(*leaves[:3], seq_idx=seq, initial_states=leaves[3], return_final_states=True,
+                                    program=program)
+        torch.autograd.backward([y, fin], [dy, dfin])
+        return [y, fin] + [t.grad for t in leaves]
+
+    want = run("reference")
+    for program in PROGRAMS:
+        got = run(program)
+        assert torch.equal(got[0][seq < 0], torch.zeros_like(got[0][seq < 0])), f"padding {program}: y"
+        for name, g, r in zip(("y", "final", "dx", "dweight", "dbias", "dinitial"), got, want):
+            assert_close(g, r, name=f"padding {program} {name}")
+    return len(PROGRAMS)
+
+
 def main(argv: list[str] | None = None) -> int:
     if "--list" in (sys.argv[1:] if argv is None else argv):
         for i, spec in enumerate(CASES):
@@ -63,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r is not None:  # the tree's sums, at their own dtype's tolerance (as tests/test_conv1d_silu.py)
                     assert_close(g, r.reshape(g.shape), name=f"case {i} {program} {name}")
             n += 1
+    n += padding_case()
     torch.cuda.synchronize()
     print(f"sanitize_cases: {n} forward+backward runs checked")
     return 0

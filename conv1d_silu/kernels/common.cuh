@@ -275,7 +275,10 @@ template <typename T> C1S_FN T max_(T a, T b) { return a < b ? b : a; }
 // says whether a document starts at t; last(t) whether t ends its document. `state` is the
 // current document's row in initial_states / final_states; a document whose state is >= n_docs
 // has none (zeros in, nothing out): the kernels check `state < n_docs` before every state access.
+// padding() says the current token is padding (a negative seq_idx, as causal-conv1d's callers mark
+// the tail of a batch row): its output is 0, its gradient is 0, and its run has no state.
 // Every table read is bounds-checked, so any table content is memory-safe.
+constexpr int NO_STATE = 0x7fffffff;  // a state no table has: padding runs read and write none
 struct DocArgs {
   const int* __restrict__ table;  // seq_idx (S) or cu_seqlens (n_docs + 1)
   long long S;
@@ -288,6 +291,7 @@ template <int MODE> struct Docs;
 
 template <> struct Docs<SINGLE> {
   int state = 0;
+  static constexpr bool padding() { return false; }
   C1S_FN int begin(const DocArgs&, long long r0, int cap) { return (int)min_<long long>(r0, cap); }
   C1S_FN bool next(const DocArgs&, long long) { return false; }
   C1S_FN bool last(const DocArgs& a, long long t) { return t + 1 == a.S; }
@@ -295,6 +299,7 @@ template <> struct Docs<SINGLE> {
 
 template <> struct Docs<BATCH> {
   int state = 0;
+  static constexpr bool padding() { return false; }
   long long next_start = 0;
   C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
     const long long d = r0 / a.row_len;
@@ -313,6 +318,7 @@ template <> struct Docs<BATCH> {
 
 template <> struct Docs<CU_SEQLENS> {
   int state = 0;
+  static constexpr bool padding() { return false; }
   long long next_start = 0;
   C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
     // Largest d with cu[d] <= r0 (skips empty documents).
@@ -337,12 +343,13 @@ template <> struct Docs<CU_SEQLENS> {
 template <> struct Docs<SEQ_IDX> {
   int state = 0;
   int current = 0;
+  C1S_FN bool padding() const { return current < 0; }
   long long next_row = 0;  // next batch-row boundary
   C1S_FN int begin(const DocArgs& a, long long r0, int cap) {
     const long long row0 = (r0 / a.row_len) * a.row_len;
     next_row = row0 + a.row_len;
     current = a.at(r0);
-    state = max_(current, 0);
+    state = current < 0 ? NO_STATE : current;
     int pos = 0;
     while (pos < cap && r0 - pos - 1 >= row0 && a.at(r0 - pos - 1) == current) ++pos;
     return pos;
@@ -355,7 +362,7 @@ template <> struct Docs<SEQ_IDX> {
       next_row += a.row_len;
     }
     current = v;
-    state = max_(v, 0);
+    state = v < 0 ? NO_STATE : v;
     return start;
   }
   C1S_FN bool last(const DocArgs& a, long long t) {

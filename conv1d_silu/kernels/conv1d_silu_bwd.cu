@@ -227,7 +227,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             xr[P][e] = xv[e];
-            if (SILU) {
+            if (docs.padding()) {  // padding passes no gradient
+              g[e] = A(0);
+            } else if (SILU) {
               A z = bv[e];
 #pragma unroll
               for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);

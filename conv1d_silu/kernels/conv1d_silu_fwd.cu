@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(const __grid_constant__ c
         A z = bv[e];
 #pragma unroll
         for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
-        yv[e] = SILU ? z * sigmoid(z) : z;
+        yv[e] = docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
       }
       store_vec(py, 0, yv);
       py += C;
