@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .api import causal_conv1d_silu
-from .validation import activation_flag, fail
+from ..api import causal_conv1d_silu
+from ..validation import activation_flag, fail
 
 
 def causal_conv1d_fn(
