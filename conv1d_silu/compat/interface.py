@@ -1,23 +1,10 @@
-"""Drop-in replacements for ``causal_conv1d.causal_conv1d_fn`` and ``causal_conv1d_update``.
-
-Switching is one line::
-
-    from conv1d_silu.compat import causal_conv1d_fn, causal_conv1d_update
-
-The arguments and results follow causal-conv1d's documented semantics — ``x`` is
-``(batch, dim, seqlen)``, the output has x's memory layout — and gradients go through our
-deterministic backward. Cost of the layouts: channel-last memory (``x.stride(1) == 1``, i.e. a
-transposed ``(batch, seqlen, dim)`` tensor, what mamba_ssm passes) is read in place and the output
-is written channel-last, no copies; channel-first memory (``x.stride(2) == 1``) costs one copy of
-x in and one of the output out (and the same two in the backward).
-"""
+"""causal-conv1d's ``causal_conv1d_fn`` and ``causal_conv1d_update``, with its signatures."""
 
 from __future__ import annotations
 
 import torch
 
-from ..api import causal_conv1d_silu
-from ..validation import activation_flag, fail
+from . import checks, conv, decode
 
 
 def causal_conv1d_fn(
@@ -30,34 +17,27 @@ def causal_conv1d_fn(
     final_states_out: torch.Tensor | None = None,
     activation: str | None = None,
 ):
-    """causal-conv1d's ``causal_conv1d_fn`` on our kernels.
+    """``act(bias + causal depthwise conv1d(x, weight))`` with autograd (our deterministic backward).
 
-    x: ``(batch, dim, seqlen)``; weight: ``(dim, width)``; bias: ``(dim,)``; seq_idx:
-    ``(batch, seqlen)`` int32; initial_states: ``(batch, dim, width - 1)``; final_states_out:
-    ``(batch, dim, width - 1)``, written to; activation: None, ``"silu"`` or ``"swish"``.
-    Returns ``out`` ``(batch, dim, seqlen)`` in x's layout, or ``(out, final_states)``.
+    Equals ``F.conv1d(x, weight.unsqueeze(1), bias, padding=W-1, groups=D)[..., :L]``, then SiLU
+    for ``activation`` "silu" / "swish" (None: identity; anything else raises NotImplementedError).
+
+    x: ``(B, D, L)``, float32 / float16 / bfloat16 (or float64), any strides: channel-last memory
+    (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)`` or a slice of a fused projection) is read in
+    place; channel-first memory is copied (in, and the output back out).
+    weight: ``(D, W)`` (or nn.Conv1d's ``(D, 1, W)``), any strides, any float dtype (fp32 with 16-bit
+    x); 2 <= W <= 8, where causal-conv1d takes 2 <= W <= 4. bias: ``(D,)`` in the weight's dtype.
+    seq_idx: ``(B, L)`` int32 or int64: a tap reads only tokens of the same value (non-decreasing
+    along each row); tokens with a negative value are padding and output 0. Not with states.
+    initial_states: ``(B, D, W-1)`` in x's dtype, the tokens before x (zeros when None).
+    return_final_states: also return final_states ``(B, D, W-1)`` (``stride(1) == 1``): the last
+    W-1 columns of ``cat(initial_states or zeros, x)``. final_states_out: ``(B, D, W-1)`` written
+    in place and returned as final_states; only with return_final_states (causal-conv1d ignores it
+    otherwise; here that is an error).
+    Returns out ``(B, D, L)`` in x's dtype and layout, or ``(out, final_states)``.
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        fail("x", "a (batch, dim, seqlen) tensor", getattr(x, "shape", type(x).__name__))
-    out = causal_conv1d_silu(
-        x,
-        weight,
-        bias,
-        seq_idx=seq_idx,
-        initial_states=initial_states,
-        return_final_states=return_final_states,
-        activation=activation,
-        layout="BCL",
-    )
-    y, final = out if return_final_states else (out, None)
-    if not return_final_states:
-        return y
-    if final_states_out is not None:
-        if final_states_out.shape != final.shape:
-            fail("final_states_out", f"shape {tuple(final.shape)}", tuple(final_states_out.shape))
-        final_states_out.copy_(final)
-        final = final_states_out
-    return y, final
+    silu = checks.silu_flag(activation)
+    return conv.forward(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, silu)
 
 
 def causal_conv1d_update(
@@ -69,56 +49,24 @@ def causal_conv1d_update(
     cache_seqlens: torch.Tensor | None = None,
     conv_state_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """causal-conv1d's decoding step: convolve a few new tokens against the rolling state.
+    """Decoding: convolve new tokens against the rolling state, and append them to it in place.
 
-    x: ``(batch, dim)`` or ``(batch, dim, seqlen)``; conv_state: ``(batch, dim, state_len)`` with
-    ``state_len >= width - 1``, updated in place (the new tokens are appended, the oldest dropped);
-    cache_seqlens: ``(batch,)`` int32, treats conv_state as a circular buffer written at
-    ``cache_seqlens % state_len``; conv_state_indices: ``(batch,)`` int32 rows of a larger
-    conv_state (continuous batching; a negative index is a padding slot: output 0, no update).
-    Decoding moves a few tokens per sequence, so this is plain PyTorch (CPU and CUDA), computed
-    in fp32 (fp64 for fp64) and cast once.
+    x: ``(B, D)`` or ``(B, D, L)`` with L >= 1 new tokens, any strides. conv_state:
+    ``(B, D, state_len)`` (or ``(entries, D, state_len)`` with conv_state_indices), state_len >= W-1,
+    x's dtype, any non-overlapping strides; mutated in place, never replaced. weight / bias /
+    activation as :func:`causal_conv1d_fn`.
+    Without cache_seqlens the output convolves the state's last W-1 columns then x, and the state
+    becomes ``cat(conv_state, x)[..., -state_len:]``. cache_seqlens ``(B,)`` int32 / int64: the
+    state is a circular buffer whose next column is ``cache_seqlens % state_len`` (the W-1 columns
+    before it are read, x is written from it; cache_seqlens itself is not incremented).
+    conv_state_indices ``(B,)`` int32 / int64: batch row b uses entry ``conv_state_indices[b]``
+    (distinct for the non-negative ones); a negative index is a padding row: output 0, no state
+    touched. Returns out with x's shape, dtype and layout. Plain PyTorch without autograd, without
+    a host sync: CUDA-graph capturable.
     """
-    silu = activation_flag(activation)
-    squeeze = x.dim() == 2
-    if squeeze:
-        x = x.unsqueeze(-1)
-    if x.dim() != 3:
-        fail("x", "(batch, dim) or (batch, dim, seqlen)", tuple(x.shape))
-    batch, dim, seqlen = x.shape
-    if weight.dim() != 2 or weight.shape[0] != dim:
-        fail("weight", f"shape ({dim}, width)", tuple(weight.shape))
-    width = weight.shape[1]
-    state_len = conv_state.shape[-1]
-    if conv_state.dim() != 3 or conv_state.shape[1] != dim or state_len < width - 1:
-        fail("conv_state", f"shape (batch, {dim}, state_len >= {width - 1})", tuple(conv_state.shape))
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    rows = torch.arange(batch, device=x.device) if conv_state_indices is None else conv_state_indices.long()
-    if conv_state_indices is None and conv_state.shape[0] != batch:
-        fail("conv_state", f"{batch} rows (or conv_state_indices)", conv_state.shape[0])
-    valid = rows >= 0
-    safe = rows.clamp(min=0)
-    state = conv_state[safe]  # (batch, dim, state_len), a copy
-    if cache_seqlens is None:
-        window = torch.cat([state[..., state_len - (width - 1):], x.to(state.dtype)], dim=-1)
-        new_state = torch.cat([state, x.to(state.dtype)], dim=-1)[..., -state_len:]
-    else:
-        start = cache_seqlens.long().unsqueeze(1)
-        read = torch.remainder(start + torch.arange(-(width - 1), 0, device=x.device), state_len)
-        window = torch.cat([state.gather(2, read.unsqueeze(1).expand(-1, dim, -1)), x.to(state.dtype)], dim=-1)
-        write = torch.remainder(start + torch.arange(seqlen, device=x.device), state_len)
-        new_state = state.scatter(2, write.unsqueeze(1).expand(-1, dim, -1), x.to(state.dtype))
-    w = weight.to(acc)
-    win = window.to(acc)
-    z = torch.zeros(batch, dim, seqlen, dtype=acc, device=x.device)
-    if bias is not None:
-        z = z + bias.to(acc)[:, None]
-    for k in range(width):
-        z = z + w[:, k, None] * win[..., k : k + seqlen]
-    out = z * torch.sigmoid(z) if silu else z
-    out = torch.where(valid[:, None, None], out, torch.zeros_like(out)).to(x.dtype)
-    if conv_state_indices is None:
-        conv_state.copy_(new_state)
-    else:  # padding slots are dropped (a boolean index: one host sync)
-        conv_state[safe[valid]] = new_state[valid]
+    silu = checks.silu_flag(activation)
+    squeeze = isinstance(x, torch.Tensor) and x.dim() == 2
+    out = decode.update(
+        x.unsqueeze(-1) if squeeze else x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices
+    )
     return out.squeeze(-1) if squeeze else out
