@@ -89,9 +89,13 @@ def update(x, conv_state, weight, bias, silu: bool, cache_seqlens, conv_state_in
     # A padding row (negative index) writes the first valid row's new state to that row once more
     # (without a valid row: row 0's own old state back to row 0), so a row written twice gets the
     # same value twice, and no boolean mask is read on the host.
-    first = valid.to(torch.int32).argmax()
-    fill = torch.where(valid[first], new_state[first], state[first])
+    first = valid.to(torch.int32).argmax().reshape(1)
+
+    def pick(t):  # index_select, not t[first], which may read first on the host
+        return t.index_select(0, first)
+
+    fill = torch.where(pick(valid)[:, None, None], pick(new_state), pick(state))
     conv_state.index_copy_(
-        0, torch.where(valid, rows, rows[first]), torch.where(valid[:, None, None], new_state, fill)
+        0, torch.where(valid, rows, pick(rows)), torch.where(valid[:, None, None], new_state, fill)
     )
     return out.copy_(torch.where(valid[:, None, None], y, 0))
