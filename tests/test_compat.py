@@ -134,6 +134,26 @@ def test_channel_last_view_with_uneven_batch_rows(backend):
     assert_close(out, oracle(x.cpu(), w.cpu(), silu=True)[0], torch.float32, "out")
 
 
+@pytest.mark.parametrize("states", [False, True])
+def test_output_can_be_modified_in_place(backend, request, states):
+    """Callers add into the output in place (fla's ``y.add_(residual)``, causal-conv1d's tests'
+    ``out += ...`` before the backward); the gradient flows through it."""
+    if backend.name == "cpu":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the reference forward returns a view of a "
+                                              "tensor of its own, which autograd refuses to modify in place (lead)"))
+    x = bcl(2, 8, 10, "channel_last", device=backend.device).requires_grad_()
+    w = torch.randn(8, 4, device=backend.device)
+    init = torch.randn(2, 8, 3, device=backend.device) if states else None
+    res = causal_conv1d_fn(x, w, initial_states=init, return_final_states=states, activation="silu")
+    out, final = res if states else (res, None)
+    out += 1.0 if final is None else final.sum(-1, keepdim=True)
+    out.sum().backward()
+    xr = x.detach().cpu().double().requires_grad_()
+    ro, rf = oracle(xr, w.cpu(), None, None, None if init is None else init.cpu(), True)
+    (dx,) = torch.autograd.grad(ro.sum() + (rf.sum() * x.shape[-1] if states else 0), [xr])  # L outputs each add sum(final)
+    assert_close(x.grad, dx, torch.float32, "dx")
+
+
 def _padded_seq_idx(dtype, device):
     return torch.tensor([[0] * 5 + [1] * 20 + [-1] * 5, [2] * 30], dtype=dtype, device=device)
 
