@@ -16,15 +16,20 @@ def oracle_grads(x, weight, bias, dout, seq_idx=None, initial_states=None, dfina
     refs = leaves(*(None if t is None else t.double().cpu() for t in (x, weight, bias, initial_states)))
     init = refs[3]
     if init is None and dfinal is not None:  # the gradient w.r.t. the zero padding
-        init = refs[3] = torch.zeros(x.shape[0], x.shape[1], weight.shape[-1] - 1, dtype=torch.float64,
-                                     requires_grad=True)
+        init = refs[3] = torch.zeros(
+            x.shape[0], x.shape[1], weight.shape[-1] - 1, dtype=torch.float64, requires_grad=True
+        )
     out, final = oracle(refs[0], refs[1], refs[2], None if seq_idx is None else seq_idx.cpu(), init, silu)
     loss = (out * dout.double().cpu()).sum()
     if dfinal is not None:
         loss = loss + (final * dfinal.double().cpu()).sum()
     wanted = [t for t in refs if t is not None]
-    grads = dict(zip([n for n, t in zip(("dx", "dweight", "dbias", "dinit"), refs) if t is not None],
-                     torch.autograd.grad(loss, wanted)))
+    grads = dict(
+        zip(
+            [n for n, t in zip(("dx", "dweight", "dbias", "dinit"), refs) if t is not None],
+            torch.autograd.grad(loss, wanted),
+        )
+    )
     return out.detach(), None if final is None else final.detach(), grads
 
 
@@ -131,7 +136,9 @@ def test_mamba_inner_fn_style(backend):
     conv1d_weight = torch.randn(dim, 1, 4, generator=g).to(dev)[:, 0, :]
     conv1d_bias = torch.randn(dim, generator=g).to(dev).contiguous()
     conv1d_out = causal_conv1d_fwd_function(x, conv1d_weight, conv1d_bias, None, None, None, True)
-    dconv1d_out = torch.randn(dim, batch * length, generator=g).to(dev).reshape(dim, batch, length).permute(1, 0, 2)
+    dconv1d_out = (
+        torch.randn(dim, batch * length, generator=g).to(dev).reshape(dim, batch, length).permute(1, 0, 2)
+    )
     dxz = torch.empty_like(xz).fill_(7.0)
     dx, dz = dxz.chunk(2, dim=1)
     causal_conv1d_bwd_function(x, conv1d_weight, conv1d_bias, dconv1d_out, None, None, None, dx, False, True)
@@ -157,12 +164,23 @@ def test_mamba_split_conv1d_scan_combined_style(backend, seq_idx):
     seq = None
     if seq_idx:
         seq = torch.tensor([[0] * 9 + [1] * 21, [0] * 30], dtype=torch.int32, device=dev).contiguous()
-    xBC_conv = causal_conv1d_fwd_function(xBC.transpose(1, 2), weight, bias, seq, None, None, True).transpose(1, 2)
+    xBC_conv = causal_conv1d_fwd_function(xBC.transpose(1, 2), weight, bias, seq, None, None, True).transpose(
+        1, 2
+    )
     dxBC = torch.randn(xBC.shape, generator=g).to(dev)
     dzxbcdt = torch.full_like(zxbcdt, 3.0)
     dz, dxBC_given, ddt = torch.split(dzxbcdt, sizes, dim=-1)
     _, dweight, dbias, _ = causal_conv1d_bwd_function(
-        xBC.transpose(1, 2), weight, bias, dxBC.transpose(1, 2), seq, None, None, dxBC_given.transpose(1, 2), False, True
+        xBC.transpose(1, 2),
+        weight,
+        bias,
+        dxBC.transpose(1, 2),
+        seq,
+        None,
+        None,
+        dxBC_given.transpose(1, 2),
+        False,
+        True,
     )
     out, _, want = oracle_grads(xBC.transpose(1, 2), weight, bias, dxBC.transpose(1, 2), seq_idx=seq)
     assert_close(xBC_conv.transpose(1, 2), out, torch.float32, "xBC_conv")
@@ -212,8 +230,18 @@ def _bad_calls():
     w = torch.randn(16, 4)
     dout = torch.randn(2, 16, 10)
     seq = torch.zeros(2, 10, dtype=torch.int32)
-    good = dict(x=x, weight=w, bias=None, dout=dout, seq_idx=None, initial_states=None, dfinal_states=None,
-                dx=None, return_dinitial_states=False, silu_activation=True)
+    good = dict(
+        x=x,
+        weight=w,
+        bias=None,
+        dout=dout,
+        seq_idx=None,
+        initial_states=None,
+        dfinal_states=None,
+        dx=None,
+        return_dinitial_states=False,
+        silu_activation=True,
+    )
     return [
         (TypeError, "silu_activation", dict(good, silu_activation="silu")),
         (TypeError, "return_dinitial_states", dict(good, return_dinitial_states=None)),

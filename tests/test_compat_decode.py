@@ -34,8 +34,13 @@ def decode_oracle(x, state, weight, bias, silu, start=None):
     return torch.stack(outs), torch.stack(states)
 
 
-def _case(dev, batch, dim, width, seqlen, state_len, dtype=torch.float32, wdtype=None, entries=None, gen=None):
-    rnd = lambda *s, dt=dtype: torch.randn(*s, generator=gen).to(dev, dt)  # noqa: E731
+def _case(
+    dev, batch, dim, width, seqlen, state_len, dtype=torch.float32, wdtype=None, entries=None, gen=None
+):
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen).to(dev, dt)
+
     x = rnd(batch, seqlen, dim).transpose(1, 2)  # channel-last, as causal-conv1d's tests build it
     state = rnd(entries or batch, state_len, dim).transpose(1, 2)  # mamba2's (B, W, D).transpose(1, 2)
     return x, state, rnd(dim, width, dt=wdtype or dtype), rnd(dim, dt=wdtype or dtype)
@@ -50,12 +55,18 @@ def test_update(backend, width, seqlen, extra, circular):
     g = torch.Generator().manual_seed(width * 10 + extra)
     x, state, w, b = _case(dev, 3, 8, width, seqlen or 1, width - 1 + extra, gen=g)
     start = torch.tensor([0, 5, 1023], dtype=torch.int32, device=dev) if circular else None
-    want, want_state = decode_oracle(x.cpu(), state.cpu(), w.cpu(), b.cpu(), True, None if start is None else start.cpu())
+    want, want_state = decode_oracle(
+        x.cpu(), state.cpu(), w.cpu(), b.cpu(), True, None if start is None else start.cpu()
+    )
     got_state = state.clone()
     ptr = got_state.data_ptr()
-    got = causal_conv1d_update(x if seqlen else x[..., 0], got_state, w, b, activation="silu", cache_seqlens=start)
+    got = causal_conv1d_update(
+        x if seqlen else x[..., 0], got_state, w, b, activation="silu", cache_seqlens=start
+    )
     assert got_state.data_ptr() == ptr and got_state.stride(1) == 1, "the state is mutated in place"
-    assert got.shape == (x.shape if seqlen else x.shape[:2]) and got.stride() == torch.empty_like(got).stride()
+    assert (
+        got.shape == (x.shape if seqlen else x.shape[:2]) and got.stride() == torch.empty_like(got).stride()
+    )
     assert_close(got, want if seqlen else want[..., 0], torch.float32, "out")
     assert torch.equal(got_state.cpu().double(), want_state), "state"
     if start is not None:
@@ -91,7 +102,9 @@ def test_update_indices_and_padding(backend, circular):
                 assert torch.equal(out[row], torch.zeros_like(out[row]))
                 continue
             s = None if start is None else start[row : row + 1].cpu()
-            want, new = decode_oracle(x[row : row + 1].cpu(), before[entry : entry + 1].cpu(), w.cpu(), b.cpu(), True, s)
+            want, new = decode_oracle(
+                x[row : row + 1].cpu(), before[entry : entry + 1].cpu(), w.cpu(), b.cpu(), True, s
+            )
             assert_close(out[row], want[0], torch.float32, "out")
             want_big[entry] = new[0].to(want_big.dtype)
         assert torch.equal(big, want_big), idx
@@ -124,7 +137,9 @@ def test_shipped_reference(backend, circular, seqlen):
     g = torch.Generator().manual_seed(11)
     x, state, w, b = _case(dev, 3, 8, 4, seqlen or 1, 4, gen=g)
     start = torch.tensor([3, 0, 9], dtype=torch.int32, device=dev) if circular else None
-    want, want_state = decode_oracle(x.cpu(), state.cpu(), w.cpu(), b.cpu(), False, None if start is None else start.cpu())
+    want, want_state = decode_oracle(
+        x.cpu(), state.cpu(), w.cpu(), b.cpu(), False, None if start is None else start.cpu()
+    )
     got = causal_conv1d_update_ref(x if seqlen else x[..., 0], state, w, b, None, start)
     assert_close(got, want if seqlen else want[..., 0], torch.float32, "out")
     assert torch.equal(state.cpu().double(), want_state)
@@ -164,7 +179,9 @@ def test_update_is_cuda_graph_capturable(monkeypatch):
 
 def _bad_calls():
     x, state, w, b = _case("cpu", 2, 8, 4, 1, 3)
-    good = dict(x=x, conv_state=state, weight=w, bias=b, activation=None, cache_seqlens=None, conv_state_indices=None)
+    good = dict(
+        x=x, conv_state=state, weight=w, bias=b, activation=None, cache_seqlens=None, conv_state_indices=None
+    )
     big = torch.randn(5, 8, 3)
     return [
         (NotImplementedError, "activation", dict(good, activation="relu")),
@@ -183,9 +200,17 @@ def _bad_calls():
         (ValueError, "conv_state", dict(good, conv_state=torch.randn(1, 8, 3).expand(2, 8, 3))),
         (ValueError, "cache_seqlens", dict(good, cache_seqlens=torch.zeros(3, dtype=torch.int32))),
         (TypeError, "cache_seqlens", dict(good, cache_seqlens=torch.zeros(2))),
-        (ValueError, "conv_state_indices", dict(good, conv_state=big, conv_state_indices=torch.zeros(3, dtype=torch.int32))),
+        (
+            ValueError,
+            "conv_state_indices",
+            dict(good, conv_state=big, conv_state_indices=torch.zeros(3, dtype=torch.int32)),
+        ),
         (TypeError, "conv_state_indices", dict(good, conv_state=big, conv_state_indices=torch.zeros(2))),
-        (ValueError, "conv_state_indices", dict(good, conv_state=big, conv_state_indices=torch.tensor([1, 5]))),
+        (
+            ValueError,
+            "conv_state_indices",
+            dict(good, conv_state=big, conv_state_indices=torch.tensor([1, 5])),
+        ),
     ]
 
 

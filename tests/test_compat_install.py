@@ -9,7 +9,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import textwrap
 import types
 from pathlib import Path
 
@@ -29,33 +28,28 @@ def installed():
     compat.uninstall()
 
 
-def test_import_surface(installed):
-    """Every name the callers import, as mamba_ssm's one try block does; compat's own functions."""
-    scope: dict = {}
-    exec(
-        textwrap.dedent(
-            """
-            try:
-                from causal_conv1d import causal_conv1d_fn, causal_conv1d_update, __version__
-                from causal_conv1d.cpp_functions import (
-                    causal_conv1d_fwd_function, causal_conv1d_bwd_function, causal_conv1d_update_function,
-                )
-                from causal_conv1d.causal_conv1d_varlen import causal_conv1d_varlen_states, causal_conv1d_varlen_states_ref
-                from causal_conv1d.causal_conv1d_interface import causal_conv1d_ref, causal_conv1d_update_ref
-            except ImportError:
-                causal_conv1d_fn = None
-            """
-        ),
-        scope,
-    )
-    for name in ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_fwd_function", "causal_conv1d_bwd_function",
-                 "causal_conv1d_update_function", "causal_conv1d_varlen_states", "causal_conv1d_ref",
-                 "causal_conv1d_update_ref", "causal_conv1d_varlen_states_ref"):
-        assert scope[name] is getattr(compat, name), name
-    assert scope["__version__"] == compat.VERSION
-    import causal_conv1d
+SURFACE = {  # what the callers and causal-conv1d's own tests import
+    "causal_conv1d": ("causal_conv1d_fn", "causal_conv1d_update"),
+    "causal_conv1d.causal_conv1d_interface": (
+        "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_ref", "causal_conv1d_update_ref",
+    ),
+    "causal_conv1d.cpp_functions": (
+        "causal_conv1d_fwd_function", "causal_conv1d_bwd_function", "causal_conv1d_update_function",
+    ),
+    "causal_conv1d.causal_conv1d_varlen": ("causal_conv1d_varlen_states", "causal_conv1d_varlen_states_ref"),
+}
 
-    assert causal_conv1d.cpp_functions is sys.modules["causal_conv1d.cpp_functions"]
+
+def test_import_surface(installed):
+    """Every name the callers import is compat's own function."""
+    for module, names in SURFACE.items():
+        for name in names:
+            assert getattr(importlib.import_module(module), name) is getattr(compat, name), (module, name)
+    import causal_conv1d
+    from causal_conv1d.cpp_functions import causal_conv1d_bwd_function
+
+    assert causal_conv1d.__version__ == compat.VERSION
+    assert causal_conv1d.cpp_functions.causal_conv1d_bwd_function is causal_conv1d_bwd_function
 
 
 def test_find_spec_and_metadata(installed):
@@ -116,7 +110,9 @@ def test_shimmed_calls_run(installed):
     x = torch.randn(2, 8, 10).requires_grad_()
     w = torch.randn(8, 4)
     causal_conv1d_fn(x, w, activation="silu").sum().backward()
-    dx, *_ = causal_conv1d_bwd_function(x.detach(), w, None, torch.ones(2, 8, 10), None, None, None, None, False, True)
+    dx, *_ = causal_conv1d_bwd_function(
+        x.detach(), w, None, torch.ones(2, 8, 10), None, None, None, None, False, True
+    )
     assert torch.equal(dx, x.grad)
 
 
@@ -128,7 +124,8 @@ if sys.argv[1] == "shim":
     conv1d_silu.compat.install()
     import causal_conv1d
     from transformers.integrations import hub_kernels
-    hub_kernels._PACKAGE_SUPPORTED_DEVICES["causal_conv1d"] = ("cuda", "cpu")  # the shim serves CPU tensors too
+    # the shim serves CPU tensors too
+    hub_kernels._PACKAGE_SUPPORTED_DEVICES["causal_conv1d"] = ("cuda", "cpu")
     for name in ("causal_conv1d_fn", "causal_conv1d_update"):
         def counted(*args, __f=getattr(causal_conv1d, name), __name=name, **kwargs):
             calls[__name] = calls.get(__name, 0) + 1
@@ -154,7 +151,9 @@ def test_transformers_mamba2_generates_through_the_shim(tmp_path):
     results = {}
     for mode in ("torch", "shim"):
         path = tmp_path / f"{mode}.pt"
-        subprocess.run([sys.executable, "-c", TRANSFORMERS_RUN, mode, str(path)], check=True, env=env, cwd=tmp_path)
+        subprocess.run(
+            [sys.executable, "-c", TRANSFORMERS_RUN, mode, str(path)], check=True, env=env, cwd=tmp_path
+        )
         results[mode] = torch.load(path)
     (want, _), (got, calls) = results["torch"], results["shim"]
     assert calls.get("causal_conv1d_fn", 0) >= 2 and calls.get("causal_conv1d_update", 0) >= 2, calls

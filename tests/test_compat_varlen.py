@@ -43,8 +43,10 @@ def test_varlen_states(backend, cu_dtype, dtype, state_len):
 def test_varlen_states_without_tokens_or_grad(backend):
     dev = backend.device
     x = torch.randn(0, 8, device=dev)
-    assert torch.equal(causal_conv1d_varlen_states(x, torch.zeros(3, dtype=torch.int32, device=dev), 3),
-                       torch.zeros(2, 8, 3, device=dev))
+    assert torch.equal(
+        causal_conv1d_varlen_states(x, torch.zeros(3, dtype=torch.int32, device=dev), 3),
+        torch.zeros(2, 8, 3, device=dev),
+    )
     y = torch.randn(5, 8, device=dev, requires_grad=True)
     assert not causal_conv1d_varlen_states(y, torch.tensor([0, 5], device=dev), 3).requires_grad
 
@@ -89,5 +91,7 @@ def test_shipped_causal_conv1d_ref(layout, states):
     dout = torch.randn(out.shape, generator=g)
     grads = torch.autograd.grad((ro * dout.double()).sum(), [t for t in refs if t is not None])
     (out * dout).sum().backward()
-    for name, got, want in zip(("dx", "dweight", "dbias", "dinit"), [t.grad for t in xs if t is not None], grads):
+    for name, got, want in zip(
+        ("dx", "dweight", "dbias", "dinit"), [t.grad for t in xs if t is not None], grads
+    ):
         assert_close(got, want, torch.float32, name)

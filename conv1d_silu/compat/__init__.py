@@ -27,7 +27,11 @@ plain PyTorch.
 
 from __future__ import annotations
 
-from .cpp_functions import causal_conv1d_bwd_function, causal_conv1d_fwd_function, causal_conv1d_update_function
+from .cpp_functions import (
+    causal_conv1d_bwd_function,
+    causal_conv1d_fwd_function,
+    causal_conv1d_update_function,
+)
 from .shim import VERSION, install, uninstall
 from .interface import causal_conv1d_fn, causal_conv1d_update
 from .references import causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_varlen_states_ref

@@ -91,7 +91,11 @@ def writable(arg: str, t: torch.Tensor) -> None:
     reach = 1
     for stride, size in dims:
         if stride < reach:
-            fail(arg, "a tensor whose elements do not overlap", f"strides {tuple(t.stride())} for shape {tuple(t.shape)}")
+            fail(
+                arg,
+                "a tensor whose elements do not overlap",
+                f"strides {tuple(t.stride())} for shape {tuple(t.shape)}",
+            )
         reach = stride * size
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import ops
+from ..documents import DocTable
+from ..layout import to_tokens
+from ..validation import check_inputs
 from . import checks, conv, decode
 
 
@@ -29,6 +33,18 @@ def causal_conv1d_fwd_function(
     return out if final_states_out is None else out[0]
 
 
+def _op_backward(dy, x, w, bias, seq_idx, init, dfinal, silu: bool, doc: DocTable):
+    """dx, dweight, dbias, dinitial in the op's token-major form: the implementation in eager mode,
+    the custom op (with its fake kernel) while compiling."""
+    if not torch.compiler.is_compiling():
+        return ops.backward_impl(dy, x, w, bias, doc, init, dfinal, silu, w.dtype, None)
+    dx, dw, db, dinit = torch.ops.conv1d_silu.bwd(
+        dy, x, w, bias, seq_idx, None, init, dfinal, silu, False, None
+    )
+    return dx, dw, db if bias is not None else None, dinit if init is not None else None
+
+
+@torch.no_grad()
 def causal_conv1d_bwd_function(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -54,10 +70,51 @@ def causal_conv1d_bwd_function(
     initial_states is None), else None.
     """
     silu = checks.flag("silu_activation", silu_activation)
-    with torch.no_grad():
-        return conv.backward(
-            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, return_dinitial_states, silu
-        )
+    checks.float_x(x, "(batch, dim, seqlen)", (3,))
+    w = checks.weight(weight, x)
+    checks.flag("return_dinitial_states", return_dinitial_states)
+    batch, dim, _ = x.shape
+    checks.tensor("dout", dout, x, x.shape, x.dtype)
+    if dx is not None:
+        checks.tensor("dx", dx, x, x.shape, x.dtype)
+        checks.writable("dx", dx)
+    conv.seq_idx_alone(
+        seq_idx,
+        initial_states=initial_states,
+        dfinal_states=dfinal_states,
+        return_dinitial_states=return_dinitial_states,
+    )
+    state_shape = (batch, dim, w.shape[1] - 1)
+    if dfinal_states is not None:
+        checks.tensor("dfinal_states", dfinal_states, x, state_shape, x.dtype)
+    if return_dinitial_states and initial_states is None:  # the gradient w.r.t. the zero padding
+        initial_states = x.new_zeros(state_shape)
+    tokens = to_tokens(conv.readable(x), seq_idx, None, initial_states, "BCL")
+    w2, _, doc = check_inputs(
+        tokens.x,
+        weight,
+        bias,
+        tokens.seq_idx,
+        None,
+        tokens.initial_states,
+        False,
+        "silu" if silu else None,
+        None,
+        None,
+    )
+    dfinal = None if dfinal_states is None else dfinal_states.transpose(1, 2)
+    grad, dw, db, dinit = _op_backward(
+        dout.transpose(1, 2), tokens.x, w2, bias, tokens.seq_idx, tokens.initial_states, dfinal, silu, doc
+    )
+    grad = grad.transpose(1, 2)
+    if dx is not None:
+        dx.copy_(grad)  # computed in storage of its own first: dx may overlap x or dout
+    elif conv.channel_last(x):
+        dx = grad
+    else:
+        dx = torch.empty_like(x).copy_(grad)
+    dinit = dinit.transpose(1, 2) if return_dinitial_states else None
+    return dx, dw.view(weight.shape), db, dinit
 
 
 def causal_conv1d_update_function(

@@ -38,7 +38,11 @@ def _check(x, conv_state, weight, bias, cache_seqlens, conv_state_indices) -> to
     if batch and checks.values_checked(conv_state_indices):
         top = int(conv_state_indices.max())
         if top >= conv_state.shape[0]:
-            fail("conv_state_indices", f"values < conv_state.shape[0] == {conv_state.shape[0]} (negative: padding)", top)
+            fail(
+                "conv_state_indices",
+                f"values < conv_state.shape[0] == {conv_state.shape[0]} (negative: padding)",
+                top,
+            )
     return w
 
 
@@ -47,14 +51,14 @@ def _window_and_state(state, x, width, cache_seqlens):
     batch, dim, state_len = state.shape
     seqlen = x.shape[-1]
     if cache_seqlens is None:  # the newest column is the last one
-        return state[..., state_len - (width - 1):], torch.cat([state, x], -1)[..., -state_len:]
+        return state[..., state_len - (width - 1) :], torch.cat([state, x], -1)[..., -state_len:]
     # circular buffer: the next token goes to column cache_seqlens % state_len
     start = cache_seqlens.long().unsqueeze(1)
     read = torch.remainder(start + torch.arange(1 - width, 0, device=x.device), state_len)
     window = state.gather(2, read.unsqueeze(1).expand(batch, dim, width - 1))
     keep = min(seqlen, state_len)  # earlier tokens would be overwritten within this step
     write = torch.remainder(start + torch.arange(seqlen - keep, seqlen, device=x.device), state_len)
-    return window, state.scatter(2, write.unsqueeze(1).expand(batch, dim, keep), x[..., seqlen - keep:])
+    return window, state.scatter(2, write.unsqueeze(1).expand(batch, dim, keep), x[..., seqlen - keep :])
 
 
 @torch.no_grad()
@@ -62,7 +66,7 @@ def update(x, conv_state, weight, bias, silu: bool, cache_seqlens, conv_state_in
     """out ``(B, D, L)`` for x ``(B, D, L)``; conv_state is updated in place (see
     :func:`conv1d_silu.compat.causal_conv1d_update`). No autograd, like causal-conv1d's step."""
     w = _check(x, conv_state, weight, bias, cache_seqlens, conv_state_indices)
-    batch, dim, seqlen = x.shape
+    batch, _, seqlen = x.shape
     width = w.shape[1]
     out = torch.empty_like(x)
     if batch == 0:

@@ -8,6 +8,8 @@ dtype; ``causal_conv1d_ref`` is differentiable.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -19,12 +21,23 @@ def _conv(full, weight, bias, silu, dtype):
     """act(depthwise F.conv1d) of ``(B, D, W-1+L)`` columns: L outputs in ``dtype``."""
     dim, width = weight.shape[0], weight.shape[-1]
     acc = accumulator_dtype(dtype)
-    z = F.conv1d(full.to(acc), weight.reshape(dim, 1, width).to(acc), None if bias is None else bias.to(acc), groups=dim)
+    z = F.conv1d(
+        full.to(acc),
+        weight.reshape(dim, 1, width).to(acc),
+        None if bias is None else bias.to(acc),
+        groups=dim,
+    )
     return (F.silu(z) if silu else z).to(dtype)
 
 
 def causal_conv1d_ref(
-    x, weight, bias=None, initial_states=None, return_final_states=False, final_states_out=None, activation=None
+    x,
+    weight,
+    bias=None,
+    initial_states=None,
+    return_final_states=False,
+    final_states_out=None,
+    activation=None,
 ):
     """``act(F.conv1d(cat(initial_states or zeros, x), weight, bias, groups=D))``; x ``(B, D, L)``.
 
@@ -37,7 +50,7 @@ def causal_conv1d_ref(
     out = _conv(full, weight, bias, silu, x.dtype)
     if not return_final_states:
         return out
-    final = full[..., full.shape[-1] - (width - 1):]
+    final = full[..., full.shape[-1] - (width - 1) :]
     return out, final if final_states_out is None else final_states_out.copy_(final)
 
 
@@ -49,16 +62,20 @@ def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None, 
     silu = silu_flag(activation)
     squeeze = x.dim() == 2
     x3 = x.unsqueeze(-1) if squeeze else x
-    batch, dim, seqlen = x3.shape
+    batch, _, seqlen = x3.shape
     width, state_len = weight.shape[-1], conv_state.shape[-1]
     if cache_seqlens is None:
-        window = conv_state[..., state_len - (width - 1):].clone()
+        window = conv_state[..., state_len - (width - 1) :].clone()
         for t in range(seqlen):
             conv_state.copy_(torch.cat([conv_state[..., 1:], x3[..., t : t + 1]], -1))
     else:
         start = cache_seqlens.long()
         window = torch.stack(
-            [conv_state[torch.arange(batch), :, (start + j - (width - 1)) % state_len] for j in range(width - 1)], -1
+            [
+                conv_state[torch.arange(batch), :, (start + j - (width - 1)) % state_len]
+                for j in range(width - 1)
+            ],
+            -1,
         )
         for t in range(seqlen):
             conv_state[torch.arange(batch), :, (start + t) % state_len] = x3[..., t]
@@ -71,7 +88,7 @@ def causal_conv1d_varlen_states_ref(x, cu_seqlens, state_len):
     ``(N, dim, state_len)`` with ``stride(1) == 1``."""
     cu = cu_seqlens.tolist()
     states = x.new_zeros(len(cu) - 1, state_len, x.shape[1])
-    for i, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+    for i, (start, end) in enumerate(itertools.pairwise(cu)):
         n = min(end - start, state_len)
         if n > 0:
             states[i, state_len - n :] = x[end - n : end]

@@ -40,7 +40,11 @@ MODULES = {
     },
     f"{PACKAGE}.cpp_functions": {
         name: getattr(cpp_functions, name)
-        for name in ("causal_conv1d_fwd_function", "causal_conv1d_bwd_function", "causal_conv1d_update_function")
+        for name in (
+            "causal_conv1d_fwd_function",
+            "causal_conv1d_bwd_function",
+            "causal_conv1d_update_function",
+        )
     },
     f"{PACKAGE}.causal_conv1d_varlen": {
         "causal_conv1d_varlen_states": varlen.causal_conv1d_varlen_states,
@@ -59,7 +63,7 @@ class _Distribution(importlib.metadata.Distribution):
 
     def read_text(self, filename):
         if filename == "METADATA":
-            return f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\nSummary: served by conv1d_silu.compat\n"
+            return f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n"
         if filename == "top_level.txt":
             return f"{PACKAGE}\n"
         return None
@@ -74,7 +78,9 @@ class Finder(importlib.metadata.DistributionFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in MODULES:
             return None
-        return importlib.util.spec_from_loader(fullname, self, origin="conv1d_silu.compat", is_package=fullname == PACKAGE)
+        return importlib.util.spec_from_loader(
+            fullname, self, origin="conv1d_silu.compat", is_package=fullname == PACKAGE
+        )
 
     def create_module(self, spec):
         return None  # the default module
@@ -82,8 +88,11 @@ class Finder(importlib.metadata.DistributionFinder, importlib.abc.Loader):
     def exec_module(self, module):
         module.__dict__.update(MODULES[module.__name__])
 
-    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
-        if context.path is not sys.path or (context.name is not None and _normalized(context.name) != _normalized(PACKAGE)):
+    def find_distributions(self, context=None):
+        context = context or importlib.metadata.DistributionFinder.Context()
+        if context.path is not sys.path or (
+            context.name is not None and _normalized(context.name) != _normalized(PACKAGE)
+        ):
             return iter(())
         return iter((_Distribution(),))
 

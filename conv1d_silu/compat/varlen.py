@@ -14,12 +14,21 @@ def _check(x, cu_seqlens, state_len) -> None:
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
         fail("cu_seqlens", "shape (N + 1,)", tuple(cu_seqlens.shape))
     if isinstance(state_len, bool) or not isinstance(state_len, int) or state_len < 1:
-        fail("state_len", "a positive int", repr(state_len), TypeError if not isinstance(state_len, int) else ValueError)
+        fail(
+            "state_len",
+            "a positive int",
+            repr(state_len),
+            TypeError if not isinstance(state_len, int) else ValueError,
+        )
     if cu_seqlens.shape[0] > 1 and checks.values_checked(cu_seqlens):
         cu = cu_seqlens.long()
         low, high, unordered = torch.stack([cu.min(), cu.max(), (cu[1:] < cu[:-1]).any().long()]).tolist()
         if unordered or low < 0 or high > x.shape[0]:
-            fail("cu_seqlens", f"non-decreasing offsets in [0, {x.shape[0]}] (x.shape[0])", f"values in [{low}, {high}]")
+            fail(
+                "cu_seqlens",
+                f"non-decreasing offsets in [0, {x.shape[0]}] (x.shape[0])",
+                f"values in [{low}, {high}]",
+            )
 
 
 @torch.no_grad()
