@@ -158,3 +158,18 @@ def test_transformers_mamba2_generates_through_the_shim(tmp_path):
     (want, _), (got, calls) = results["torch"], results["shim"]
     assert calls.get("causal_conv1d_fn", 0) >= 2 and calls.get("causal_conv1d_update", 0) >= 2, calls
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_harness_runs_a_test_file_against_the_shim(tmp_path):
+    """tools/test_against_causal_conv1d.sh installs the shim before pytest imports the file."""
+    test_file = tmp_path / "test_uses_causal_conv1d.py"
+    test_file.write_text(
+        "from causal_conv1d.cpp_functions import causal_conv1d_fwd_function\n\n"
+        "def test_served_by_conv1d_silu():\n"
+        "    assert causal_conv1d_fwd_function.__module__ == 'conv1d_silu.compat.cpp_functions'\n"
+    )
+    harness = ROOT / "tools" / "test_against_causal_conv1d.sh"
+    run = subprocess.run([str(harness), str(test_file), "-q"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
+    usage = subprocess.run([str(harness)], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "usage" in usage.stderr
