@@ -12,7 +12,6 @@ from conv1d_silu import compat
 from conv1d_silu.compat import causal_conv1d_fn
 from helpers import assert_close, doc_spans, naive
 
-LEAD_INT64 = pytest.mark.xfail(strict=True, reason="the op accepts int64 seq_idx (the lead's change on main)")
 LEAD_PADDING = pytest.mark.xfail(
     strict=True, reason="seq_idx < 0 marks padding tokens in the op (the lead's change on main)"
 )
@@ -91,7 +90,7 @@ def test_causal_conv1d_fn(backend, width, layout, activation, mode):
     )
     out, final = res if mode == "states" else (res, None)
     assert out.shape == x.shape and out.dtype == dtype
-    assert out.stride() == torch.empty_like(x).stride() or layout == "chunk", (
+    assert out.stride() == torch.empty_like(x).stride(), (
         "out is allocated like empty_like(x)"
     )
     assert out.stride(1 if layout in ("channel_last", "split") else 2) == 1, "out keeps x's layout"
@@ -190,7 +189,7 @@ def _padded_seq_idx(dtype, device):
     return torch.tensor([[0] * 5 + [1] * 20 + [-1] * 5, [2] * 30], dtype=dtype, device=device)
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.int64, marks=LEAD_INT64), torch.int32])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_seq_idx_dtypes(backend, dtype):
     seq = torch.tensor([[0] * 7 + [1] * 23, [0] * 30], dtype=dtype, device=backend.device)
     x = bcl(2, 16, 30, "channel_last", device=backend.device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import config
 from ..dtypes import FLOAT_DTYPES
 from ..validation import fail, weight_2d
 
@@ -97,11 +96,3 @@ def writable(arg: str, t: torch.Tensor) -> None:
                 f"strides {tuple(t.stride())} for shape {tuple(t.shape)}",
             )
         reach = stride * size
-
-
-def values_checked(t: torch.Tensor) -> bool:
-    """Whether checks that read tensor values (one host sync) run for ``t``: never while tracing or
-    capturing a CUDA graph, and on the GPU only while ``CONV1D_SILU_CHECK_DOCS`` is on."""
-    if torch.compiler.is_compiling():
-        return False
-    return not t.is_cuda or (config.check_documents() and not torch.cuda.is_current_stream_capturing())

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import accumulator_dtype
-from ..validation import fail
+from ..validation import fail, values_checked
 from . import checks
 
 
@@ -35,7 +35,7 @@ def _check(x, conv_state, weight, bias, cache_seqlens, conv_state_indices) -> to
             fail("conv_state", f"{batch} rows (x's batch) without conv_state_indices", conv_state.shape[0])
         return w
     checks.index_tensor("conv_state_indices", conv_state_indices, x, (batch,))
-    if batch and checks.values_checked(conv_state_indices):
+    if batch and values_checked(conv_state_indices):
         top = int(conv_state_indices.max())
         if top >= conv_state.shape[0]:
             fail(

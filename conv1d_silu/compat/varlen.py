@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import fail
+from ..validation import fail, values_checked
 from . import checks
 
 
@@ -20,7 +20,7 @@ def _check(x, cu_seqlens, state_len) -> None:
             repr(state_len),
             TypeError if not isinstance(state_len, int) else ValueError,
         )
-    if cu_seqlens.shape[0] > 1 and checks.values_checked(cu_seqlens):
+    if cu_seqlens.shape[0] > 1 and values_checked(cu_seqlens):
         cu = cu_seqlens.long()
         low, high, unordered = torch.stack([cu.min(), cu.max(), (cu[1:] < cu[:-1]).any().long()]).tolist()
         if unordered or low < 0 or high > x.shape[0]:
