@@ -7,8 +7,8 @@ and :func:`from_tokens`, so every argument reaches the op in every layout:
 * ``"BLC"``: x is ``(S, C)`` or ``(B, L, C)``; states are ``(N, K-1, C)``.
 * ``"BCL"``: x is ``(B, C, L)`` like ``nn.Conv1d``'s input and causal-conv1d's; states are
   ``(N, C, K-1)``. Channel-last memory (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) is read in
-  place; channel-first memory is copied to channel-last first, and the output is copied back to
-  x's layout.
+  place; channel-first memory is copied to channel-last first, and the output is copied back into
+  x's layout (``torch.empty_like(x)``'s strides).
 
 A 3-D x of one batch row with ``cu_seqlens`` holds packed documents (flash-linear-attention's
 form): it runs as ``(S, C)`` tokens.
@@ -33,7 +33,7 @@ class Tokens(NamedTuple):
     initial_states: torch.Tensor | None
     layout: str
     packed_row: bool  # a (1, L, C) batch row ran as (L, C) packed tokens
-    copied: bool  # channel-first memory was copied: the output goes back to that layout
+    channel_first: torch.Tensor | None  # a channel-first x, copied in: the output goes back to its layout
 
 
 def to_tokens(
@@ -44,7 +44,7 @@ def to_tokens(
         fail("layout", "'BLC' or 'BCL'", repr(layout))
     if not isinstance(x, torch.Tensor):
         fail("x", "a torch.Tensor", type(x).__name__, TypeError)
-    copied = False
+    channel_first = None
     if layout == "BCL":
         if x.dim() != 3:
             fail("x", "shape (B, C, L) with layout='BCL'", tuple(x.shape))
@@ -52,16 +52,17 @@ def to_tokens(
             if initial_states.dim() != 3:
                 fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
             initial_states = initial_states.transpose(1, 2)
-        channel_last = x.shape[1] <= 1 or x.stride(1) == 1
+        if x.shape[1] > 1 and x.stride(1) != 1:
+            channel_first = x
         x = x.transpose(1, 2)
-        if not channel_last:
-            x, copied = x.contiguous(), True
+        if channel_first is not None:
+            x = x.contiguous()
     packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1
     if packed_row:
         x = x[0]
         if isinstance(seq_idx, torch.Tensor) and seq_idx.dim() == 2:
             seq_idx = seq_idx[0]
-    return Tokens(x, seq_idx, initial_states, layout, packed_row, copied)
+    return Tokens(x, seq_idx, initial_states, layout, packed_row, channel_first)
 
 
 def from_tokens(t: Tokens, y: torch.Tensor, final: torch.Tensor | None):
@@ -70,8 +71,8 @@ def from_tokens(t: Tokens, y: torch.Tensor, final: torch.Tensor | None):
         y = y.unsqueeze(0)
     if t.layout == "BCL":
         y = y.transpose(1, 2)
-        if t.copied:
-            y = y.contiguous()
+        if t.channel_first is not None:  # x's strides, as causal-conv1d's torch.empty_like(x)
+            y = torch.empty_like(t.channel_first).copy_(y)
         if final is not None:
             final = final.transpose(1, 2)
     return y if final is None else (y, final)

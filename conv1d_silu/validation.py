@@ -178,11 +178,17 @@ def check_inputs(
     return w, silu, doc
 
 
+def values_checked(t: torch.Tensor) -> bool:
+    """Whether checks that read tensor values (one host sync) run for ``t``: never while tracing or
+    capturing a CUDA graph, and on the GPU only while ``CONV1D_SILU_CHECK_DOCS`` is on."""
+    if torch.compiler.is_compiling():
+        return False
+    return not t.is_cuda or (config.check_documents() and not torch.cuda.is_current_stream_capturing())
+
+
 def _check_contents(doc: DocTable) -> None:
-    """Value checks of the document table; skipped while tracing or capturing a CUDA graph."""
-    if doc.table is None or torch.compiler.is_compiling():
-        return
-    if doc.table.is_cuda and (not config.check_documents() or torch.cuda.is_current_stream_capturing()):
+    """Value checks of the document table, where :func:`values_checked` allows them."""
+    if doc.table is None or not values_checked(doc.table):
         return
     message = check_table_contents(doc)
     if message is not None:
