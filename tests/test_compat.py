@@ -12,9 +12,6 @@ from conv1d_silu import compat
 from conv1d_silu.compat import causal_conv1d_fn
 from helpers import assert_close, doc_spans, naive
 
-LEAD_PADDING = pytest.mark.xfail(
-    strict=True, reason="seq_idx < 0 marks padding tokens in the op (the lead's change on main)"
-)
 
 
 def oracle(x, weight, bias=None, seq_idx=None, initial_states=None, silu=False):
@@ -198,7 +195,6 @@ def test_seq_idx_dtypes(backend, dtype):
     assert_close(out, oracle(x.cpu(), w.cpu(), seq_idx=seq.cpu(), silu=True)[0], torch.float32, "out")
 
 
-@LEAD_PADDING
 def test_negative_seq_idx_is_padding(backend):
     """Padding tokens (seq_idx < 0) output exactly 0, not act(bias); the others see only their run."""
     seq = _padded_seq_idx(torch.int32, backend.device)
