@@ -15,6 +15,7 @@ where ``xx[u] = x[u]`` inside the document and, before its start, initial state 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -46,46 +47,83 @@ def _taps(x2, K, pos, state, init):
     return taps
 
 
-# exp(r) on |r| <= ln2 / 2 by Horner on Taylor terms: 8 terms reach fp32, 14 fp64 precision.
-_TAYLOR = {torch.float32: [1.0 / math.factorial(i) for i in range(8)], torch.float64: [1.0 / math.factorial(i) for i in range(14)]}
-# (clamp range, exponent bias, mantissa bits, integer view) per dtype; ln 2 split for Cody-Waite.
-_EXP_FORMAT = {torch.float32: (87.0, 127, 23, torch.int32), torch.float64: (708.0, 1023, 52, torch.int64)}
-_LN2_HI, _LN2_LO = 0.693145751953125, 1.428606765330187045e-06
+# ---- sigmoid from IEEE-exact operations -------------------------------------------------------
 
 
-def _exp(z: torch.Tensor) -> torch.Tensor:
-    """exp from IEEE-exact operations only (mul, add, round, bit shifts).
+class _ExpFormat(NamedTuple):
+    z_min: float  # below: n = round(-z / ln 2) is the largest exponent + 1, so 2^n = +inf
+    z_max: float  # above: 2^n flushes to 0; sigmoid(z) rounds to 1 in the format long before
+    mant: int
+    itype: torch.dtype
+    # the rest are 0-dim tensors of the format (a Python number costs a conversion per operation)
+    neg_log2e: torch.Tensor
+    magic: torch.Tensor  # 1.5 * 2^mant + bias: adding it rounds to an integer in the low mantissa bits
+    ln2_hi: torch.Tensor  # ln 2 = ln2_hi + ln2_lo (Cody-Waite): n * ln2_hi is exact, ln2_lo the rest
+    ln2_lo: torch.Tensor
+    coeffs: tuple[torch.Tensor, ...]  # exp(-q) on |q| <= ln2 / 2, highest degree first
+    one: torch.Tensor
 
-    PyTorch's CPU exp takes a SIMD path or a scalar path depending on where an element sits in
-    its tensor, and the two differ in the last bit; this one gives every element the same bits
-    wherever it sits, so a sequence split into chunks (context parallelism) or a different
-    thread count reproduces the whole-sequence result exactly. Finite inputs only (callers clamp).
+
+def _exp_format(dtype, z_min, z_max, mant, itype, coeffs) -> _ExpFormat:
+    def t(v):
+        return torch.tensor(v, dtype=dtype)
+
+    bias = 2 ** (torch.finfo(dtype).bits - mant - 2) - 1
+    return _ExpFormat(z_min, z_max, mant, itype, t(-1.0 / math.log(2.0)), t(1.5 * 2**mant + bias),
+                      t(0.693145751953125), t(1.4286068203094173e-06), tuple(t(c) for c in coeffs), t(1.0))
+
+
+def _exp_neg_terms(n: int) -> list[float]:
+    """Taylor terms of exp(-q), highest degree first."""
+    return [(-1) ** i / math.factorial(i) for i in range(n - 1, -1, -1)]
+
+
+# on |q| <= ln2 / 2, 8 Taylor terms reach fp32 precision, 14 fp64
+_FORMAT = {
+    torch.float32: _exp_format(torch.float32, -88.5, 88.0, 23, torch.int32, _exp_neg_terms(8)),
+    torch.float64: _exp_format(torch.float64, -710.0, 709.0, 52, torch.int64, _exp_neg_terms(14)),
+}
+
+
+def _sigmoid(z: torch.Tensor, out: torch.Tensor, v: torch.Tensor, k: torch.Tensor, n: torch.Tensor) -> None:
+    """out = 1 / (1 + exp(-z)) from IEEE-exact operations; ``v``, ``k``, ``n``: scratch like z.
+
+    exp(-z) = 2^n exp(-q) with n = round(-z / ln 2), q = z + n ln 2 (Cody-Waite, exact), a Horner
+    polynomial for exp(-q), and 2^n built from n's bits. Clamping z keeps n inside the exponent
+    range; at its low end 2^n is +inf, so sigmoid is exactly 0 there (z below about -88.4 in
+    fp32, -inf included) like the kernels' rcp(1 + ex2(...)); NaN stays NaN.
     """
-    limit, bias, mant, itype = _EXP_FORMAT[z.dtype]
-    z = z.clamp(-limit, limit)
-    n = torch.round(z * (1.0 / math.log(2.0)))
-    r = (z - n * _LN2_HI) - n * _LN2_LO
-    coeffs = _TAYLOR[z.dtype]
-    p = torch.full_like(r, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        p = p * r + c
-    scale = ((n.to(itype) + bias) << mant).view(z.dtype)  # 2^n, exactly
-    return p * scale
+    f = _FORMAT[z.dtype]
+    torch.clamp(z, f.z_min, f.z_max, out=v)
+    torch.mul(v, f.neg_log2e, out=k)
+    k.add_(f.magic)  # magic + n: rounded to nearest, ties to even
+    torch.sub(k, f.magic, out=n)  # n, exactly
+    torch.mul(n, f.ln2_hi, out=out)
+    v.add_(out)  # z + n * ln2_hi, exact
+    torch.mul(n, f.ln2_lo, out=out)
+    v.add_(out)  # q
+    c = f.coeffs
+    torch.mul(v, c[0], out=out)
+    out.add_(c[1])
+    for ci in c[2:]:
+        out.mul_(v).add_(ci)
+    # shifted left by the mantissa width, the bits of magic + n leave 2^n's exponent field
+    k.view(f.itype).bitwise_left_shift_(f.mant)
+    out.mul_(k).add_(f.one).reciprocal_()
 
 
-def _sigmoid(z: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-z)), position-independent (see _exp); exact 0 / 1 at -inf / +inf, NaN kept."""
-    sig = 1.0 / (1.0 + _exp(-z))
-    sig = torch.where(z == -math.inf, torch.zeros_like(sig), sig)
-    return torch.where(z.isnan(), z, sig)
+def _sigmoid_of(z: torch.Tensor) -> torch.Tensor:
+    out, v, k, n = (torch.empty_like(z) for _ in range(4))
+    _sigmoid(z, out, v, k, n)
+    return out
 
 
 def _silu(z: torch.Tensor) -> torch.Tensor:
-    return z * _sigmoid(z)
+    return z * _sigmoid_of(z)
 
 
 def _silu_grad(z: torch.Tensor) -> torch.Tensor:
-    sig = _sigmoid(z)
+    sig = _sigmoid_of(z)
     return sig * (1 + z * (1 - sig))
 
 
@@ -191,6 +229,24 @@ def backward(
     return dx, dweight, dbias, dinit
 
 
+class _Reference(torch.autograd.Function):
+    """Autograd of the reference: :func:`forward`, and :func:`backward` for its gradients (the
+    sigmoid's rounding to an integer and bit operations have no derivative of their own)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_states, doc, return_final_states, silu):
+        y, final = forward(x, weight, bias, doc, initial_states, return_final_states, silu)
+        ctx.save_for_backward(x, weight, bias, initial_states)
+        ctx.doc, ctx.silu = doc, silu
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        x, weight, bias, initial_states = ctx.saved_tensors
+        grads = backward(dy, x, weight, bias, ctx.doc, initial_states, dfinal, ctx.silu, weight.dtype)
+        return *grads, None, None, None
+
+
 def causal_conv1d_silu_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -202,12 +258,12 @@ def causal_conv1d_silu_ref(
     return_final_states: bool = False,
     activation: str | None = "silu",
 ):
-    """Reference forward with the public API's arguments (no autograd of its own).
+    """Reference forward with the public API's arguments, differentiable (by :func:`backward`).
 
     Equivalent to, per document, ``F.silu(F.conv1d(F.pad(x.T, (K-1, 0)), w.unsqueeze(1), b,
     groups=C)).T`` with the padding replaced by the initial states when given.
     """
     w = weight.reshape(weight.shape[0], weight.shape[-1])
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
-    y, final = forward(x, w, bias, doc, initial_states, return_final_states, activation is not None)
+    y, final = _Reference.apply(x, w, bias, initial_states, doc, return_final_states, activation is not None)
     return (y, final) if return_final_states else y

@@ -3,14 +3,16 @@ per-document F.conv1d implementation differentiated by autograd, in float64."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conv1d_silu import reference
+from conv1d_silu import causal_conv1d_silu, reference
 from conv1d_silu.documents import doc_table
-from helpers import MODES, make_case, naive_grads
+from helpers import MODES, assert_close, make_case, naive_grads
 
 
 def _reference(case, dy, dfinal, silu=True, return_final=True):
@@ -96,3 +98,78 @@ def test_reference_accumulates_in_fp32_and_casts_once():
     y64, _ = reference.forward(x.double(), w.double(), None, doc, None, False, True)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, y64.to(torch.float32).to(torch.bfloat16)) or (y.float() - y64.float()).abs().max() < 1e-2
+
+
+# ---- the sigmoid at the format's extremes, and non-finite values --------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sigmoid_within_a_few_ulp_and_exact_at_the_extremes(dtype):
+    from conv1d_silu.reference import _sigmoid
+
+    lo = -100.0 if dtype == torch.float32 else -750.0
+    z = torch.cat([torch.linspace(lo, 40, 2_000_001, dtype=dtype), torch.randn(200_000, dtype=dtype) * 4])
+    out, v, k, n = (torch.empty_like(z) for _ in range(4))
+    _sigmoid(z, out, v, k, n)
+    exact = torch.sigmoid(z.to(torch.float64))
+    # within 3 units in the last place of the exact value; where that value is denormal (z below
+    # about -87.3 in fp32, -708.4 in fp64), 0 or a denormal within the smallest normal (the
+    # kernels flush it to 0)
+    tiny = torch.finfo(dtype).tiny
+    normal = exact >= tiny
+    ulp = torch.finfo(dtype).eps * exact[normal]
+    assert float(((out[normal].double() - exact[normal]).abs() / ulp).max()) < 3
+    assert float((out[~normal].double() - exact[~normal]).abs().max()) < tiny
+    big = torch.finfo(dtype).max
+    special = torch.tensor([-math.inf, -big, -1e30, math.inf, big, math.nan], dtype=dtype)
+    s = torch.empty_like(special)
+    _sigmoid(special, s, *(torch.empty_like(special) for _ in range(3)))
+    assert s[:3].tolist() == [0.0, 0.0, 0.0] and s[3:5].tolist() == [1.0, 1.0] and s[5].isnan()
+
+
+# bias values that put z far out: silu(z) = z * sigmoid(z), sigmoid exactly 0 where exp(-z)
+# overflows (the kernels' rcp(1 + ex2(-z log2 e))), so silu is -0 for huge negative z, NaN at -inf
+# (-inf * 0), z for huge positive z and +inf; silu' is 0, NaN, 1 and NaN (+inf * 0)
+EXTREME_BIAS = [-1e38, -3e38, -math.inf, math.inf, math.nan, 1e38, -100.0, -88.5, -87.0, 30.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_at_the_extremes_forward_and_backward(backend, dtype):
+    """On every backend (the CPU path, the kernels' emulator, the GPU) against the float64 naive
+    oracle; huge negative z gives exactly -0 and a zero gradient."""
+    S, K = 40, 4
+    C = len(EXTREME_BIAS) + 2  # two ordinary channels beside
+    g = torch.Generator().manual_seed(7)
+    case = {
+        "x": torch.randn(S, C, generator=g).to(backend.device, dtype),
+        "weight": (torch.randn(C, K, generator=g) * 0.5).to(backend.device, dtype),
+        "bias": torch.tensor(EXTREME_BIAS + [0.5, -0.5]).to(backend.device, dtype),
+        "spans": [(0, S, 0)],
+        "n_docs": None,
+    }
+    x, w, b = (case[k].clone().requires_grad_() for k in ("x", "weight", "bias"))
+    y = causal_conv1d_silu(x, w, b)
+    dy = torch.randn(S, C, generator=g).to(backend.device, dtype)
+    y.backward(dy)
+    want = naive_grads(case, dy, None)
+    got = (y, x.grad, w.grad, b.grad)
+    for name, g_, ref in zip(("y", "dx", "dweight", "dbias"), got, want[:1] + want[2:5]):
+        assert_close(g_, ref, dtype, name)
+    huge_negative = [i for i, v in enumerate(EXTREME_BIAS) if v < -1e30 and v != -math.inf]
+    assert y[:, huge_negative].eq(0).all() and y[:, huge_negative].float().signbit().all()
+    assert y[:, EXTREME_BIAS.index(-math.inf)].isnan().all()
+    assert (y[:, EXTREME_BIAS.index(math.inf)] == math.inf).all()
+    assert w.grad[huge_negative].eq(0).all() and b.grad[huge_negative].eq(0).all()
+
+
+def test_public_reference_is_differentiable():
+    """causal_conv1d_silu_ref takes autograd (its gradients are the backward's)."""
+    case = make_case(50, 5, 4, "cu_seqlens", init=True, dtype=torch.float64, seed=4)
+    leaves = [case[k].clone().requires_grad_() for k in ("x", "weight", "bias", "initial_states")]
+    y, final = reference.causal_conv1d_silu_ref(*leaves[:3], cu_seqlens=case["cu_seqlens"],
+                                                initial_states=leaves[3], return_final_states=True)
+    dy, dfinal = torch.randn_like(y), torch.randn_like(final)
+    got = torch.autograd.grad((y * dy).sum() + (final * dfinal).sum(), leaves)
+    want = naive_grads(case, dy, dfinal)[2:]
+    for g, w_ in zip(got, want):
+        torch.testing.assert_close(g, w_, rtol=1e-10, atol=1e-10)
