@@ -3,6 +3,7 @@ per-document F.conv1d implementation differentiated by autograd, in float64."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conv1d_silu import causal_conv1d_silu, reference
-from conv1d_silu.documents import doc_table
+from conv1d_silu.documents import SEQ_IDX, DocTable, doc_table
 from helpers import MODES, assert_close, make_case, naive_grads
 
 
@@ -160,6 +161,89 @@ def test_silu_at_the_extremes_forward_and_backward(backend, dtype):
     assert y[:, EXTREME_BIAS.index(-math.inf)].isnan().all()
     assert (y[:, EXTREME_BIAS.index(math.inf)] == math.inf).all()
     assert w.grad[huge_negative].eq(0).all() and b.grad[huge_negative].eq(0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_finite_values_stay_in_their_document(backend, dtype):
+    """NaN and Inf at a document's last and first tokens reach no other document's y or dx, though
+    the CPU path computes whole windows before it fixes up the rows at document edges."""
+    case = make_case(300, 6, 4, "cu_seqlens", init=True, dtype=dtype, device=backend.device, seed=3)
+    case["cu_seqlens"] = torch.tensor([0, 100, 101, 103, 300], dtype=torch.int32, device=backend.device)
+    case["spans"] = [(0, 100, 0), (100, 101, 1), (101, 103, 2), (103, 300, 3)]
+    case["initial_states"] = case["initial_states"][:1].expand(4, -1, -1).contiguous()
+    case["n_docs"] = 4
+    x = case["x"].clone()
+    x[99, 0], x[100, 1], x[103, 2], x[102, 3] = math.nan, math.inf, -math.inf, math.nan
+    case["x"] = x
+    xg = x.clone().requires_grad_()
+    y = causal_conv1d_silu(xg, case["weight"], case["bias"], cu_seqlens=case["cu_seqlens"],
+                           initial_states=case["initial_states"])
+    dy = torch.randn_like(y)
+    dy[104, 4] = math.nan  # and one in the upstream gradient, which dx of rows 101..103 must not see
+    y.backward(dy)
+    want = naive_grads(case, dy, None)
+    assert_close(y, want[0], dtype, "y")
+    assert_close(xg.grad, want[2], dtype, "dx")
+    assert y[:99].isfinite().all() and xg.grad[:96].isfinite().all()
+
+
+# ---- bitwise guarantees of the CPU path ----------------------------------------------------------
+
+
+def _chunk_call(x, w, b, dy, cu, o, n):
+    """Tokens [o, o + n) of the sequence as context parallelism runs them (conv1d_silu/distributed.py):
+    the K-1 tokens before them (zero where outside their first document) as the initial state, a
+    local table, the following tokens of their last document as trailing rows."""
+    S, K = x.shape[0], w.shape[1]
+    ids = torch.searchsorted(cu.long(), torch.arange(S), right=True) - 1
+    before = torch.arange(o - (K - 1), o)
+    same = (before >= 0) & (ids[before.clamp(min=0)] == ids[min(o, S - 1)])
+    init = torch.where(same.unsqueeze(1), x[before.clamp(min=0)], 0.0).unsqueeze(0)
+    local = (ids[o : o + n] - ids[o]).to(torch.int32) if n else ids[:0].to(torch.int32)
+    doc = DocTable(SEQ_IDX, n, max(n, 1), 1, local)
+    after = torch.arange(o + n, min(o + n + K - 1, S))
+    after = after[ids[after] == ids[o + n - 1]] if n else after[:0]
+    y, _ = reference.forward(x[o : o + n], w, b, doc, init, False, True)
+    trailing = (x[after], dy[after])
+    dx = reference.backward(dy[o : o + n], x[o : o + n], w, b, doc, init, None, True, w.dtype, trailing)[0]
+    return y, dx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_give_the_whole_sequence_bits(dtype):
+    """Context parallelism's guarantee on the CPU path, with chunks spanning several blocks of rows
+    and ending inside them, chunks shorter than K-1, and documents across chunk borders."""
+    S, C, K = 2000, 37, 4  # blocks of 885 rows; rows of 37 channels end vectors anywhere
+    g = torch.Generator().manual_seed(5)
+    x, dy = (torch.randn(S, C, generator=g).to(dtype) for _ in range(2))
+    w, b = torch.randn(C, K, generator=g).to(dtype), torch.randn(C, generator=g).to(dtype)
+    cu = torch.tensor([0, 300, 301, 699, 700, 703, 1600, 2000], dtype=torch.int32)
+    doc = doc_table(x, None, cu, None)
+    y, _ = reference.forward(x, w, b, doc, None, False, True)
+    dx = reference.backward(dy, x, w, b, doc, None, None, True, w.dtype)[0]
+    cuts = [0, 2, 700, 701, 1022, 1500, 2000]
+    parts = [_chunk_call(x, w, b, dy, cu, o, e - o) for o, e in itertools.pairwise(cuts)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), y)
+    assert torch.equal(torch.cat([p[1] for p in parts]), dx)
+
+
+def test_thread_count_changes_no_bits():
+    """Every output, dweight and dbias included, has the same bits on one thread as on several."""
+    case = make_case(3000, 64, 4, "cu_seqlens", init=True, seed=11)
+    x, w, b, init = case["x"], case["weight"], case["bias"], case["initial_states"]
+    doc = doc_table(x, None, case["cu_seqlens"], init)
+    dy, dfinal = torch.randn_like(x), torch.randn_like(init)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append(reference.forward(x, w, b, doc, init, True, True)
+                           + reference.backward(dy, x, w, b, doc, init, dfinal, True, w.dtype))
+    finally:
+        torch.set_num_threads(threads)
+    for one, several in zip(*results):
+        assert torch.equal(one, several)
 
 
 def test_public_reference_is_differentiable():
