@@ -74,15 +74,19 @@ def _exp_format(dtype, z_min, z_max, mant, itype, coeffs) -> _ExpFormat:
                       t(0.693145751953125), t(1.4286068203094173e-06), tuple(t(c) for c in coeffs), t(1.0))
 
 
-def _exp_neg_terms(n: int) -> list[float]:
-    """Taylor terms of exp(-q), highest degree first."""
-    return [(-1) ** i / math.factorial(i) for i in range(n - 1, -1, -1)]
-
-
-# on |q| <= ln2 / 2, 8 Taylor terms reach fp32 precision, 14 fp64
 _FORMAT = {
-    torch.float32: _exp_format(torch.float32, -88.5, 88.0, 23, torch.int32, _exp_neg_terms(8)),
-    torch.float64: _exp_format(torch.float64, -710.0, 709.0, 52, torch.int64, _exp_neg_terms(14)),
+    # minimax of degree 6: relative error 1.9e-9 on |q| <= ln2 / 2, sigmoid within 2.5 ulp (as
+    # with the 8 Taylor terms, two operations fewer)
+    torch.float32: _exp_format(
+        torch.float32, -88.5, 88.0, 23, torch.int32,
+        (0.0013836846134577057, -0.008374815798301793, 0.04166822556692284, -0.16666420169946367,
+         0.4999999207982802, -1.0000000363231765, 1.0000000005541663),
+    ),
+    # 14 Taylor terms reach fp64 precision
+    torch.float64: _exp_format(
+        torch.float64, -710.0, 709.0, 52, torch.int64,
+        [(-1) ** i / math.factorial(i) for i in range(13, -1, -1)],
+    ),
 }
 
 
