@@ -154,7 +154,8 @@ class _Edges:
     """The rows whose window leaves their document, computed apart from the others.
 
     ``starts``: rows within K-1 of their document's start; ``taps`` (rows, K, C): their true K
-    inputs (x, initial state row or 0); ``z`` their pre-activation. For the backward (``dx_rows``
+    inputs (x, initial state row or 0); ``z`` their pre-activation. ``pads``: padding rows (a
+    negative state index), in no document: output and gradient 0. For the backward (``dx_rows``
     given) also ``ends``: rows t < dx_rows within K-1 of their document's end or of the rows' end,
     whose dx[t] = sum_k w[k] g[t + K-1-k] takes fewer than K terms; ``end_src`` (rows, K): the
     row of g each term reads, ``end_inside``: whether it is in the document.
@@ -174,13 +175,15 @@ class _Edges:
         else:
             row = (p + torch.arange(K, device=dev)).clamp(max=K - 2)
             st = state[self.starts]
-            # documents whose state index is past the table have no state (zeros)
-            has = (st < init.shape[0]).view(-1, 1, 1)
+            # padding (a negative index) and documents past the table have no state (zeros)
+            has = ((st >= 0) & (st < init.shape[0])).view(-1, 1, 1)
             from_state = torch.where(has, init[st.clamp(0, init.shape[0] - 1).unsqueeze(1), row], 0.0)
         self.taps = torch.where(inside, from_x, from_state)
         first = self.taps[:, 0]
         self.z = _window_sum(lambda k: self.taps[:, k], wT, bias, torch.empty_like(first),
                              torch.empty_like(first))
+        self.pads = (state < 0).nonzero().squeeze(1)
+        self.pad_rows = self.pads.tolist()
         if dx_rows is None:
             return
         # row t's dx reads g[t + j] for j < K; the row lies in t's document when its position is
@@ -200,6 +203,13 @@ class _Edges:
 def _span(rows: list[int], a: int, b: int) -> slice:
     """The entries of sorted ``rows`` inside [a, b)."""
     return slice(bisect.bisect_left(rows, a), bisect.bisect_left(rows, b))
+
+
+def _zero_padding(t: torch.Tensor, edges: _Edges, a: int) -> None:
+    """Zero the padding rows of ``t``, which holds rows [a, a + len(t))."""
+    i = _span(edges.pad_rows, a, a + t.shape[0])
+    if i.start < i.stop:
+        t.index_fill_(0, edges.pads[i] - a, 0.0)
 
 
 def _z_rows(xs, edges: _Edges, wT, bias, a: int, b: int, z: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
@@ -249,6 +259,7 @@ def forward(
             torch.mul(z[:m], s[:m], out=ys[a:e])
         else:
             ys[a:e] = z[:m]
+        _zero_padding(ys[a:e], edges, a)
     final = None
     if return_final_states:
         src, from_x, init_row = final_state_sources(doc, K, x.device)
@@ -321,6 +332,7 @@ def backward(
             _silu_grad_times(gs[a:ge], z[:m], s[:m], g[:m])
         else:
             g[:m] = gs[a:ge]
+        _zero_padding(g[:m], edges, a)
         # dx: full windows, then rows near a document end
         full = min(e, rows_all - (K - 1)) - a
         if full > 0:
@@ -355,7 +367,7 @@ def backward(
         own = edges.starts < S
         p, st, gr = pos[edges.starts][own], state[edges.starts][own], g_starts[own]
         for q in range(K):
-            outside = (p < K - 1 - q) & (st < dinit.shape[0])
+            outside = (p < K - 1 - q) & (st >= 0) & (st < dinit.shape[0])
             dinit.view(-1, C).index_add_(0, st[outside] * (K - 1) + p[outside] + q, wT[q] * gr[outside])
     if dfinal is not None:
         add_final_state_grads(dx, dinit, dfinal, doc, K)

@@ -246,6 +246,30 @@ def test_thread_count_changes_no_bits():
         assert torch.equal(one, several)
 
 
+def test_padding_rows_are_zero_and_change_no_document():
+    """seq_idx < 0 marks padding (causal-conv1d's convention): y and dx are 0 there, every real
+    token has the bits it has with the padding cut out, and the padding reads no state and passes
+    no gradient (dweight, dbias, dinitial as without it)."""
+    C, K = 6, 4
+    g = torch.Generator().manual_seed(2)
+    ids = torch.tensor([0] * 9 + [-1] * 5 + [1] * 14 + [-1] * 3 + [2] * 2 + [-1] * 4, dtype=torch.int32)
+    x, dy = (torch.randn(len(ids), C, generator=g) for _ in range(2))
+    x[ids < 0] *= 1e3  # padding values reach no output
+    w, b, init = torch.randn(C, K, generator=g), torch.randn(C, generator=g), torch.randn(3, K - 1, C, generator=g)
+    real = ids >= 0
+    doc = doc_table(x, ids, None, init)
+    padded = reference.forward(x, w, b, doc, init, False, True)[:1]
+    padded += reference.backward(dy, x, w, b, doc, init, None, True, w.dtype)
+    kept = doc_table(x[real], ids[real], None, init)
+    cut = reference.forward(x[real], w, b, kept, init, False, True)[:1]
+    cut += reference.backward(dy[real], x[real], w, b, kept, init, None, True, w.dtype)
+    y, dx, dw, db, dinit = padded
+    assert y[~real].eq(0).all() and dx[~real].eq(0).all()
+    assert torch.equal(y[real], cut[0]) and torch.equal(dx[real], cut[1])
+    for got, want in zip((dw, db, dinit), cut[2:]):
+        torch.testing.assert_close(got, want)
+
+
 def test_public_reference_is_differentiable():
     """causal_conv1d_silu_ref takes autograd (its gradients are the backward's)."""
     case = make_case(50, 5, 4, "cu_seqlens", init=True, dtype=torch.float64, seed=4)
