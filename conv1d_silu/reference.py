@@ -246,7 +246,10 @@ def forward(
     init = None if initial_states is None else initial_states.to(acc)
     pos, state = token_positions(doc, x.device)
     edges = _Edges(xs, pos, state, init, wT, b, acc)
-    ys = torch.empty((S, C), dtype=x.dtype, device=x.device)
+    # returned whole, not as a view: callers may modify the output in place (autograd refuses that
+    # for a view of a tensor made inside the forward)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ys = y.view(S, C)
     blocks = _blocks(S, C, x.device)
     rows = max((e - a for a, e in blocks), default=0)
 
@@ -273,7 +276,7 @@ def forward(
             ids = torch.arange(src.shape[0], device=x.device).unsqueeze(1).expand_as(src)
             fallback = init[ids, init_row.clamp(max=K - 2)]
         final = torch.where(from_x.unsqueeze(2), gathered, fallback).to(x.dtype)
-    return ys.reshape(x.shape), final
+    return y, final
 
 
 @torch.no_grad()

@@ -271,12 +271,14 @@ def test_padding_rows_are_zero_and_change_no_document():
 
 
 def test_public_reference_is_differentiable():
-    """causal_conv1d_silu_ref takes autograd (its gradients are the backward's)."""
+    """causal_conv1d_silu_ref takes autograd (its gradients are the backward's), and its output
+    may be modified in place before the backward."""
     case = make_case(50, 5, 4, "cu_seqlens", init=True, dtype=torch.float64, seed=4)
     leaves = [case[k].clone().requires_grad_() for k in ("x", "weight", "bias", "initial_states")]
     y, final = reference.causal_conv1d_silu_ref(*leaves[:3], cu_seqlens=case["cu_seqlens"],
                                                 initial_states=leaves[3], return_final_states=True)
     dy, dfinal = torch.randn_like(y), torch.randn_like(final)
+    y.mul_(1.0)
     got = torch.autograd.grad((y * dy).sum() + (final * dfinal).sum(), leaves)
     want = naive_grads(case, dy, dfinal)[2:]
     for g, w_ in zip(got, want):
