@@ -53,7 +53,7 @@ LOWER = {
     "runtime": {"kernels", "config"},
     "gpu": {"kernels", "runtime", "routes", "documents", "dtypes"},
     "routes": {"config"},
-    "reference": {"documents", "dtypes", "states"},
+    "reference": {"documents", "dtypes", "states", "validation"},
 }
 
 
