@@ -13,7 +13,7 @@ from conv1d_silu.compat import causal_conv1d_fn
 from helpers import assert_close, doc_spans, naive
 
 LEAD_PADDING = pytest.mark.xfail(
-    strict=True, reason="seq_idx < 0 marks padding tokens in the op (the lead's change on main)"
+    strict=True, reason="seq_idx < 0 as padding tokens waits for its GPU proof (kernels)"
 )
 
 

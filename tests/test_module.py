@@ -177,6 +177,9 @@ def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
     m = CausalConv1dSiLU(8, accumulate_into_main_grad=True)
     with pytest.raises(ValueError, match="main_grad"):
         m(torch.randn(2, 5, 8))
+    m.weight.main_grad = torch.zeros(8, 1, 4)
+    with pytest.raises(ValueError, match="accumulate_into_main_grad: expected the bias"):
+        m(torch.randn(2, 5, 8))
     with torch.no_grad():
         m(torch.randn(2, 5, 8))  # nothing to accumulate
 

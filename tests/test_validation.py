@@ -211,7 +211,11 @@ def test_main_grad_buffers():
     )
     assert_expected_inline(
         _err(ValueError, base(weight_main_grad=torch.zeros(4, 4))),
-        """weight_main_grad: expected a contiguous buffer of shape (4, 3), got (4, 4)""",
+        """weight_main_grad: expected a contiguous buffer of shape (4, 3) or (4, 1, 3), got (4, 4)""",
+    )
+    assert_expected_inline(  # the right count of elements in the wrong shape
+        _err(ValueError, base(weight_main_grad=torch.zeros(3, 4))),
+        """weight_main_grad: expected a contiguous buffer of shape (4, 3) or (4, 1, 3), got (3, 4)""",
     )
 
 
