@@ -90,7 +90,7 @@ def causal_conv1d_bwd_function(
         checks.tensor("dfinal_states", dfinal_states, x, state_shape, x.dtype)
     if return_dinitial_states and initial_states is None:  # the gradient w.r.t. the zero padding
         initial_states = x.new_zeros(state_shape)
-    tokens = to_tokens(conv.readable(x), seq_idx, None, initial_states, "BCL")
+    tokens = to_tokens(x, seq_idx, None, initial_states, "BCL")
     w2, _, doc = check_inputs(
         tokens.x,
         weight,
