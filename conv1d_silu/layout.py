@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from .dtypes import FLOAT_DTYPES
 from .validation import fail, row_stride
 
 LAYOUTS = ("BLC", "BCL")
@@ -48,6 +49,8 @@ def to_tokens(
     if layout == "BCL":
         if x.dim() != 3:
             fail("x", "shape (B, C, L) with layout='BCL'", tuple(x.shape))
+        if x.dtype not in FLOAT_DTYPES:  # before any copy below
+            fail("x", "dtype float32, float16, bfloat16 or float64", x.dtype, TypeError)
         if isinstance(initial_states, torch.Tensor):
             if initial_states.dim() != 3:
                 fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
