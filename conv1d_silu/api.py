@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import autograd, runtime
@@ -20,8 +18,10 @@ def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -
         fail(arg, "dtype torch.float32", buf.dtype, TypeError)
     if buf.device != x.device:
         fail(arg, f"a tensor on {x.device}", buf.device)
-    if buf.numel() != math.prod(shape) or not buf.is_contiguous():
-        fail(arg, f"a contiguous buffer of shape {shape}", tuple(buf.shape))
+    # the weight's own shape, (C, K) or nn.Conv1d's (C, 1, K)
+    shapes = (shape, (shape[0], 1, shape[1])) if len(shape) == 2 else (shape,)
+    if tuple(buf.shape) not in shapes or not buf.is_contiguous():
+        fail(arg, f"a contiguous buffer of shape {' or '.join(map(str, shapes))}", tuple(buf.shape))
     return buf.view(shape)
 
 
@@ -77,7 +77,8 @@ def causal_conv1d_silu(
     tokens = to_tokens(x, seq_idx, cu_seqlens, initial_states, layout)
     x, seq_idx, initial_states = tokens.x, tokens.seq_idx, tokens.initial_states
     w2, silu, doc = check_inputs(
-        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program,
+        main_grad=weight_main_grad is not None,
     )
     C, K = w2.shape
     wmg = _main_grad("weight_main_grad", weight_main_grad, (C, K), x)
@@ -86,11 +87,6 @@ def causal_conv1d_silu(
         fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
     if wmg is not None and bias is not None and bmg is None:
         fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
-    if grad_dtype == torch.float32 and w2.dtype != torch.float32 and wmg is None:
-        # autograd casts a parameter's gradient to the parameter's dtype, so the fp32 sums would be
-        # rounded to the weight's dtype and give exactly the bits of grad_dtype=None
-        fail("grad_dtype", "None, or torch.float32 with fp32 weights or weight_main_grad (an fp32 buffer "
-             "the fp32 gradient is added into)", f"torch.float32 with a {w2.dtype} weight and no main_grad")
     out = autograd.apply(
         x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
         grad_dtype or w2.dtype, program,

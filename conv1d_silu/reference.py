@@ -30,9 +30,10 @@ from typing import NamedTuple
 
 import torch
 
-from .documents import DocTable, doc_table, token_positions
+from .documents import DocTable, token_positions
 from .dtypes import accumulator_dtype
 from .states import add_final_state_grads, final_state_sources
+from .validation import check_inputs
 
 __all__ = ["causal_conv1d_silu_ref", "forward", "backward"]
 
@@ -416,7 +417,8 @@ def causal_conv1d_silu_ref(
     Equivalent to, per document, ``F.silu(F.conv1d(F.pad(x.T, (K-1, 0)), w.unsqueeze(1), b,
     groups=C)).T`` with the padding replaced by the initial states when given.
     """
-    w = weight.reshape(weight.shape[0], weight.shape[-1])
-    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
-    y, final = _Reference.apply(x, w, bias, initial_states, doc, return_final_states, activation is not None)
+    w, silu, doc = check_inputs(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, None, None
+    )
+    y, final = _Reference.apply(x, w, bias, initial_states, doc, return_final_states, silu)
     return (y, final) if return_final_states else y

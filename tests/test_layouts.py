@@ -81,6 +81,8 @@ class Case:
             return TypeError, "weight_main_grad"
         if self.entry != "function" and self.grads == "grad_dtype":
             return TypeError, "grad_dtype"
+        if self.grads == "grad_dtype":  # 16-bit weights: autograd would round fp32 gradients back
+            return ValueError, "grad_dtype"
         if self.entry == "compat" and self.docs == "seq_idx" and (self.initial or self.final):
             # causal-conv1d takes no states with seq_idx
             return ValueError, "initial_states: expected None" if self.initial else "return_final_states: expected None"
@@ -88,8 +90,6 @@ class Case:
             return ValueError, "initial_states: expected None with 3-D x and seq_idx"
         if self.docs == "seq_idx" and self.final and not self.initial:
             return ValueError, "return_final_states: expected initial_states"
-        if self.grads == "grad_dtype":  # 16-bit weights: autograd would round fp32 gradients back
-            return ValueError, "grad_dtype"
         return None
 
 
