@@ -20,22 +20,27 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import gpu, ops  # noqa: E402
+from conv1d_silu import gpu, ops, runtime  # noqa: E402
 from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 
 
+LIMITS = runtime.DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
+
+
 class NoLaunch(gpu.Launcher):
-    """Plans and packs every launch but returns where the driver would be entered (132 SMs as on
-    the H100 and H200, two CTAs per SM), so the whole host path runs on any machine."""
+    """Plans, validates and packs every launch as ``runtime.launch`` does, then returns where the
+    compiled kernel would be looked up and the driver entered (an H100's limits: 132 SMs, two CTAs
+    per SM), so the whole host path runs on any machine."""
 
     def sm_count(self, device) -> int:
-        return 132
+        return LIMITS.sm_count
 
     def max_active_blocks(self, launch, device) -> int:
         return 2
 
     def __call__(self, launch, device) -> None:
-        pass
+        runtime.validate(launch, LIMITS)
+        runtime.pack_args(launch, runtime._params.slots)
 
 
 def main(argv: list[str] | None = None) -> None:
