@@ -173,9 +173,7 @@ def check_inputs(
             "no initial_states",
         )
 
-    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
-    _check_contents(doc)
-    return w, silu, doc
+    return w, silu, checked_doc(x, seq_idx, cu_seqlens, initial_states)
 
 
 def values_checked(t: torch.Tensor) -> bool:
@@ -186,10 +184,17 @@ def values_checked(t: torch.Tensor) -> bool:
     return not t.is_cuda or (config.check_documents() and not torch.cuda.is_current_stream_capturing())
 
 
-def _check_contents(doc: DocTable) -> None:
-    """Value checks of the document table, where :func:`values_checked` allows them."""
-    if doc.table is None or not values_checked(doc.table):
-        return
-    message = check_table_contents(doc)
-    if message is not None:
-        raise ValueError(message)
+def checked_doc(
+    x: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+) -> DocTable:
+    """The document table of checked arguments, its values checked where :func:`values_checked`
+    allows (every call: the values may change between calls of one signature)."""
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    if doc.table is not None and values_checked(doc.table):
+        message = check_table_contents(doc)
+        if message is not None:
+            raise ValueError(message)
+    return doc

@@ -1,0 +1,76 @@
+"""The eager host path: a repeated call looks its checks and routes up by its signature, yet still
+refuses bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conv1d_silu import api, causal_conv1d_silu, gpu, ops
+
+
+def _step(x, w, b, **kw):
+    y = causal_conv1d_silu(x, w, b, **kw)
+    y.sum().backward()
+    return y.detach().clone(), x.grad.clone(), w.grad.clone(), b.grad.clone()
+
+
+def _leaves(S=40, C=16, K=4, dtype=torch.float32):
+    x = torch.randn(S, C, dtype=dtype, requires_grad=True)
+    w = torch.randn(C, K, dtype=dtype, requires_grad=True)
+    b = torch.randn(C, dtype=dtype, requires_grad=True)
+    return x, w, b
+
+
+def _refuse(*names):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"called on a repeated call: {names}")
+
+    return refused
+
+
+def test_a_repeated_call_checks_routes_and_plans_nothing(kernel_backend, monkeypatch):
+    """The second call of a signature (new tensors, same shapes, strides, dtypes and device) runs
+    no argument check and no program choice, and gives the first call's bits."""
+    first = _step(*_leaves())
+    for module, name in ((api, "check_inputs"), (ops, "choose")):
+        monkeypatch.setattr(module, name, _refuse(name))
+    torch.manual_seed(0)
+    again = _step(*_leaves())
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_bad_input_after_a_good_call_raises_the_same_errors():
+    """A remembered signature never lets bad input through: arguments that compare equal to a good
+    call's, and document tables whose values (read every call) are wrong."""
+    x, w, _ = _leaves()
+    causal_conv1d_silu(x, w, return_final_states=True)
+    with pytest.raises(TypeError, match="return_final_states: expected a bool, got int"):
+        causal_conv1d_silu(x, w, return_final_states=1)
+    causal_conv1d_silu(x, w, activation=None)
+    with pytest.raises(ValueError, match="activation"):
+        causal_conv1d_silu(x, w, activation="relu")
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor, got list"):
+        causal_conv1d_silu(x.tolist(), w)
+    good = torch.tensor([0] * 20 + [1] * 20, dtype=torch.int32)
+    init = torch.zeros(2, 3, 16)
+    causal_conv1d_silu(x, w, seq_idx=good, initial_states=init)
+    with pytest.raises(ValueError, match="seq_idx: expected non-decreasing values"):
+        causal_conv1d_silu(x, w, seq_idx=good.flip(0), initial_states=init)
+    cu = torch.tensor([0, 25, 40], dtype=torch.int32)
+    causal_conv1d_silu(x, w, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        causal_conv1d_silu(x, w, cu_seqlens=torch.tensor([0, 25, 39], dtype=torch.int32))
+
+
+def test_the_cache_of_eager_calls_is_bounded_and_follows_the_launcher(monkeypatch):
+    monkeypatch.setattr(ops, "MAX_EAGER_CALLS", 3)
+    monkeypatch.setattr(ops, "EAGER_CALLS", {})
+    w = torch.randn(8, 4)
+    for S in range(10, 20):
+        causal_conv1d_silu(torch.randn(S, 8), w)
+        assert 1 <= len(ops.EAGER_CALLS) <= 3
+    with ops.use_launcher(gpu.CUDA):  # another launcher plans otherwise: nothing carries over
+        assert not ops.EAGER_CALLS
+    assert not ops.EAGER_CALLS
