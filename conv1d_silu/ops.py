@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -34,8 +34,8 @@ _launcher: gpu.Launcher = gpu.CUDA
 _emulated_arch: str | None = None  # set while the kernel tests run the CUDA path on CPU tensors
 
 # Call signature -> the checked and routed eager call (api.py), so that a repeated call does no
-# checking or routing beyond a dictionary lookup. Routes depend on the emulated arch, and launch
-# plans on the launcher (its SM count and residency), so changing either empties it.
+# checking, routing or planning beyond a dictionary lookup. Routes and plans depend on the launcher
+# (its SM count and residency) and the emulated arch, so changing either empties it.
 EAGER_CALLS: dict[tuple, object] = {}
 MAX_EAGER_CALLS = 4096  # a workload of ever new shapes starts over rather than growing without bound
 
@@ -107,13 +107,17 @@ def choose(
     return routes.select(_arch(x.device), variant, C, doc.S, K, routes.dtype_name(x.dtype))
 
 
-class Route(NamedTuple):
-    """The programs of one call signature (shapes, strides, dtypes, flags, device, program) and
-    x's row stride."""
+class Route:
+    """The programs of one call signature (shapes, strides, dtypes, flags, device, program), x's row
+    stride, and the launches planned for them, filled in by the first call of each alignment class of
+    the data pointers (and, backward, each row stride of dy); see gpu.forward."""
 
-    fwd: routes.Program | None
-    bwd: routes.Program | None
-    x_stride: int
+    __slots__ = ("fwd", "bwd", "x_stride", "fwd_plans", "bwd_plans")
+
+    def __init__(self, fwd: routes.Program | None, bwd: routes.Program | None, x_stride: int):
+        self.fwd, self.bwd, self.x_stride = fwd, bwd, x_stride
+        self.fwd_plans: dict = {}
+        self.bwd_plans: dict = {}
 
 
 def _fp32_grads(grad_dtype: torch.dtype, weight: Tensor, main_grad: bool) -> bool:
@@ -149,7 +153,8 @@ def forward_impl(
     if not route.fwd.cuda:
         return reference.forward(x, weight, bias, doc, initial_states, return_final_states, silu)
     return gpu.forward(
-        x, weight, bias, doc, initial_states, return_final_states, silu, route.fwd, route.x_stride, _launcher
+        x, weight, bias, doc, initial_states, return_final_states, silu, route.fwd, route.x_stride, _launcher,
+        route.fwd_plans,
     )
 
 
@@ -192,7 +197,7 @@ def backward_impl(
         dy, dy_rs = dy.contiguous(), dy.shape[-1]
     dx, dw, db, dinit = gpu.backward(
         dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog, weight_grad_out,
-        bias_grad_out, _launcher, trailing,
+        bias_grad_out, _launcher, trailing, route.bwd_plans,
     )
     if dfinal is not None:
         add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])

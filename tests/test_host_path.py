@@ -1,5 +1,5 @@
-"""The eager host path: a repeated call looks its checks and routes up by its signature, yet still
-refuses bad input."""
+"""The eager host path: a repeated call looks its checks, routes and launch plans up by its
+signature, yet still refuses bad input."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def _refuse(*names):
 
 def test_a_repeated_call_checks_routes_and_plans_nothing(kernel_backend, monkeypatch):
     """The second call of a signature (new tensors, same shapes, strides, dtypes and device) runs
-    no argument check and no program choice, and gives the first call's bits."""
+    no argument check, no program choice and no launch planning, and gives the first call's bits."""
     first = _step(*_leaves())
-    for module, name in ((api, "check_inputs"), (ops, "choose")):
+    planning = ((api, "check_inputs"), (ops, "choose"), (gpu, "_forward_launch"), (gpu, "_backward_launches"))
+    for module, name in planning:
         monkeypatch.setattr(module, name, _refuse(name))
     torch.manual_seed(0)
     again = _step(*_leaves())
