@@ -192,8 +192,10 @@ def backward_impl(
                 bias_grad_out.add_(db)
             dw, db = weight_grad_out, bias_grad_out
         return dx, dw, db, dinit
-    dy_rs = row_stride(dy)
-    if dy_rs is None:  # the kernels cannot read it in place
+    # read in place where the kernels can (one row repeated too); a channel stride of 0 (the
+    # expanded scalar that y.sum() hands back) needs a copy: the kernels read rows as vectors
+    dy_rs = row_stride(dy, repeated=True)
+    if dy_rs is None:
         dy, dy_rs = dy.contiguous(), dy.shape[-1]
     dx, dw, db, dinit = gpu.backward(
         dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog, weight_grad_out,

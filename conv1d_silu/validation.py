@@ -52,11 +52,12 @@ def weight_2d(weight: object, C: int | None = None) -> torch.Tensor:
     return w
 
 
-def row_stride(t: torch.Tensor) -> int | None:
+def row_stride(t: torch.Tensor, repeated: bool = False) -> int | None:
     """Elements between consecutive packed tokens of a (S, C) or (B, L, C) tensor.
 
     None when the kernels cannot read it in place: channel stride != 1, tokens not evenly spaced,
-    or rows overlapping (token stride < C).
+    or rows overlapping (token stride < C); with ``repeated``, a token stride of 0 (one row for
+    every token: ``expand`` of a (C,) tensor, as the gradient of ``y.sum(0)``) is read in place too.
     """
     C = t.shape[-1]
     if t.is_contiguous():
@@ -73,7 +74,7 @@ def row_stride(t: torch.Tensor) -> int | None:
                 return None
         else:
             rs = t.stride(0) if B > 1 else C
-    return rs if rs >= C else None
+    return rs if rs >= C or repeated and rs == 0 else None
 
 
 def check_x_layout(x: torch.Tensor) -> None:

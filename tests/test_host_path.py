@@ -1,5 +1,5 @@
 """The eager host path: a repeated call looks its checks, routes and launch plans up by its
-signature, yet still refuses bad input."""
+signature, yet still refuses bad input; an upstream gradient the kernels can read is not copied."""
 
 from __future__ import annotations
 
@@ -75,3 +75,29 @@ def test_the_cache_of_eager_calls_is_bounded_and_follows_the_launcher(monkeypatc
     with ops.use_launcher(gpu.CUDA):  # another launcher plans otherwise: nothing carries over
         assert not ops.EAGER_CALLS
     assert not ops.EAGER_CALLS
+
+
+def test_a_gradient_repeated_over_the_tokens_is_read_in_place(kernel_backend, monkeypatch):
+    """dy = v.expand(S, C) (the gradient of y.sum(0)) reaches the kernels as one row with a token
+    stride of 0, the bits of its dense copy; the expanded scalar of y.sum() has channel stride 0,
+    which the kernels' vector reads cannot take: it is copied."""
+    from conv1d_silu.documents import doc_table
+
+    x, w, b = (t.detach() for t in _leaves())
+    doc = doc_table(x, None, None, None)
+    v = torch.randn(x.shape[-1])
+
+    def grads(dy):
+        return ops.backward_impl(dy, x, w, b, doc, None, None, True, torch.float32, None)
+
+    dense = grads(v.expand_as(x).contiguous())
+    scalar = grads(torch.ones(()).expand_as(x))
+    copies = []
+    contiguous = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **k: copies.append(t) or contiguous(t, *a, **k))
+    repeated = grads(v.expand_as(x))
+    assert not any(t.stride(-1) == 1 and t.stride(0) == 0 for t in copies)
+    for a, c in zip(dense[:3], repeated[:3]):  # dx, dweight, dbias
+        assert torch.equal(a, c)
+    for a, c in zip(scalar[:3], grads(torch.ones_like(x))[:3]):
+        assert torch.equal(a, c)
