@@ -1,12 +1,18 @@
 """The eager host path: a repeated call looks its checks, routes and launch plans up by its
-signature, yet still refuses bad input; an upstream gradient the kernels can read is not copied."""
+signature, yet still refuses bad input; the Python work of one forward + backward stays bounded."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from helpers import load_module
 
 from conv1d_silu import api, causal_conv1d_silu, gpu, ops
+
+PACKAGE = str(Path(api.__file__).resolve().parent)
 
 
 def _step(x, w, b, **kw):
@@ -92,12 +98,54 @@ def test_a_gradient_repeated_over_the_tokens_is_read_in_place(kernel_backend, mo
 
     dense = grads(v.expand_as(x).contiguous())
     scalar = grads(torch.ones(()).expand_as(x))
-    copies = []
-    contiguous = torch.Tensor.contiguous
-    monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **k: copies.append(t) or contiguous(t, *a, **k))
+    copies, contiguous = [], torch.Tensor.contiguous
+
+    def copy(t, *args, **kwargs):
+        copies.append(t)
+        return contiguous(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", copy)
     repeated = grads(v.expand_as(x))
     assert not any(t.stride(-1) == 1 and t.stride(0) == 0 for t in copies)
     for a, c in zip(dense[:3], repeated[:3]):  # dx, dweight, dbias
         assert torch.equal(a, c)
     for a, c in zip(scalar[:3], grads(torch.ones_like(x))[:3]):
         assert torch.equal(a, c)
+
+
+# Python calls in the package per eager forward + backward at a repeated signature, on the no-op
+# launcher (validation and packing included, no kernel): 39 at this writing, 40 % of a call that
+# checks, routes and plans afresh. A regression of the cache, or new layers on the hot path, pass
+# this bound.
+MAX_PACKAGE_CALLS = 45
+
+
+def _package_calls(step) -> list[str]:
+    """The functions of the package that ``step()`` calls, in order."""
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_eager_host_path_makes_few_python_calls():
+    x, w, b = _leaves(64, 64)
+
+    def step():
+        causal_conv1d_silu(x, w, b).sum().backward()
+
+    with ops.use_launcher(load_module("tools/host_profile.py").NoLaunch(), emulate_arch="sm_90"):
+        step()
+        repeated = _package_calls(step)
+        ops.EAGER_CALLS.clear()
+        first = _package_calls(step)
+    assert len(repeated) <= MAX_PACKAGE_CALLS, repeated
+    assert len(first) > 2 * len(repeated)  # the first call of a signature checks, routes and plans
