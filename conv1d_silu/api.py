@@ -172,7 +172,7 @@ def causal_conv1d_silu(
         y with x's shape and dtype (and, for ``"BCL"``, x's memory layout), or ``(y, final_states)``.
     """
     tokens = None
-    if layout != "BLC" or cu_seqlens is not None:  # token-major calls but packed batch rows stay as they are
+    if layout != "BLC" or cu_seqlens is not None:  # else x is token-major as it is (layout.py)
         tokens = to_tokens(x, seq_idx, cu_seqlens, initial_states, layout)
         x, seq_idx, initial_states = tokens.x, tokens.seq_idx, tokens.initial_states
     run = _traced if torch.compiler.is_compiling() else _eager
