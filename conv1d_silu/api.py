@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import autograd, config, ops, runtime
@@ -21,8 +19,10 @@ def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -
         fail(arg, "dtype torch.float32", buf.dtype, TypeError)
     if buf.device != x.device:
         fail(arg, f"a tensor on {x.device}", buf.device)
-    if buf.numel() != math.prod(shape) or not buf.is_contiguous():
-        fail(arg, f"a contiguous buffer of shape {shape}", tuple(buf.shape))
+    # the weight's own shape, (C, K) or nn.Conv1d's (C, 1, K)
+    shapes = (shape, (shape[0], 1, shape[1])) if len(shape) == 2 else (shape,)
+    if tuple(buf.shape) not in shapes or not buf.is_contiguous():
+        fail(arg, f"a contiguous buffer of shape {' or '.join(map(str, shapes))}", tuple(buf.shape))
 
 
 def _check(
@@ -32,7 +32,8 @@ def _check(
     """Check every argument, raising for bad input; return the (C, K) weight, the SiLU flag, the
     dtype of the weight gradients and the document table."""
     w2, silu, doc = check_inputs(
-        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program,
+        main_grad=weight_main_grad is not None,
     )
     C, K = w2.shape
     _main_grad("weight_main_grad", weight_main_grad, (C, K), x)
@@ -41,11 +42,6 @@ def _check(
         fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
     if weight_main_grad is not None and bias is not None and bias_main_grad is None:
         fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
-    if grad_dtype == torch.float32 and w2.dtype != torch.float32 and weight_main_grad is None:
-        # autograd casts a parameter's gradient to the parameter's dtype, so the fp32 sums would be
-        # rounded to the weight's dtype and give exactly the bits of grad_dtype=None
-        fail("grad_dtype", "None, or torch.float32 with fp32 weights or weight_main_grad (an fp32 buffer "
-             "the fp32 gradient is added into)", f"torch.float32 with a {w2.dtype} weight and no main_grad")
     return w2, silu, grad_dtype or w2.dtype, doc
 
 

@@ -8,9 +8,10 @@ against ``y.copy_(x)`` and the backward against ``torch.add(x, dy, out=dx)`` of 
 each timed in alternation with ours within every replay.
 Baselines: PyTorch eager (``F.conv1d`` with ``groups=C``), ``torch.compile(dynamic=True)`` of the
 same op as K shifted multiply-adds (one graph for every shape: Inductor specialises ``groups``),
-causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU fallback
-at small sizes (a smoke test of the harness). ``--from-json`` reports saved results again, without a
-GPU; ``--peers`` adds the peer rows of other runs on the same GPU (benchmarks/README.md).
+causal-conv1d and flash-linear-attention where importable. Without a GPU it runs the CPU path at
+CPU_SHAPES (a smoke test of the harness, and ours against eager PyTorch on the CPU). ``--from-json``
+reports saved results again, without a GPU; ``--peers`` adds the peer rows of other runs on the
+same GPU (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
 CALLS = ("fwd", "bwd", "fwdbwd")
 SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the bytes a call moves
 PLAIN = ("torch_copy", "torch_add")  # the rows of those kernels: the floor ours is held to
+# Without a GPU: two small shapes, and the shape tests/test_cpu_speed.py holds the CPU path to
+CPU_SHAPES = [(4096, 64), (8192, 128), (16384, 256)]
 
 
 def default_shapes() -> list[tuple[int, int]]:
@@ -352,7 +355,7 @@ def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     eager = Timer(device, args.reps, args.warmup, graph=False)
     bw = copy_bandwidth(device, eager)
     impls = _impls(args)
-    shapes = args.shapes or (default_shapes() if device.type == "cuda" else [(4096, 64), (8192, 128)])
+    shapes = args.shapes or (default_shapes() if device.type == "cuda" else CPU_SHAPES)
     shapes = select_part(shapes, args.part)
     # measured first, so that every partial result written below carries it
     host = None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
@@ -706,7 +709,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="A report from saved results, without a GPU: --from-json benchmarks/results/h200.json --peers "
                "benchmarks/results/h200-fla.json --markdown h200.md --plot h200.png (benchmarks/README.md).")
     p.add_argument("--shapes", type=_shape, nargs="*",
-                   help="S,C pairs (default: TOKENS x RAGGED_C and LONG_S x WIDE_C, 83 shapes; on the CPU two small ones)")
+                   help="S,C pairs (default: TOKENS x RAGGED_C and LONG_S x WIDE_C, 83 shapes; on the CPU CPU_SHAPES)")
     p.add_argument("--part", type=_part, help="I/N: only every N-th shape from the I-th (a bench split over several runs; "
                    "join the parts' --json with --from-json)")
     p.add_argument("--program", help="force our op's program (default: routed)")

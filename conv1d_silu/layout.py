@@ -6,9 +6,9 @@ and :func:`from_tokens`, so every argument reaches the op in every layout:
 
 * ``"BLC"``: x is ``(S, C)`` or ``(B, L, C)``; states are ``(N, K-1, C)``.
 * ``"BCL"``: x is ``(B, C, L)`` like ``nn.Conv1d``'s input and causal-conv1d's; states are
-  ``(N, C, K-1)``. Channel-last memory (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) is read in
-  place; channel-first memory is copied to channel-last first, and the output is copied back into
-  x's layout (``torch.empty_like(x)``'s strides).
+  ``(N, C, K-1)``. Channel-last memory (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) with evenly
+  spaced rows is read in place; any other strides are copied to channel-last first, and the output of
+  a channel-first x is copied back into x's layout (``torch.empty_like(x)``'s strides).
 
 A 3-D x of one batch row with ``cu_seqlens`` holds packed documents (flash-linear-attention's
 form): it runs as ``(S, C)`` tokens.
@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from .validation import fail
+from .dtypes import FLOAT_DTYPES
+from .validation import fail, row_stride
 
 LAYOUTS = ("BLC", "BCL")
 
@@ -48,6 +49,8 @@ def to_tokens(
     if layout == "BCL":
         if x.dim() != 3:
             fail("x", "shape (B, C, L) with layout='BCL'", tuple(x.shape))
+        if x.dtype not in FLOAT_DTYPES:  # before any copy below
+            fail("x", "dtype float32, float16, bfloat16 or float64", x.dtype, TypeError)
         if isinstance(initial_states, torch.Tensor):
             if initial_states.dim() != 3:
                 fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
@@ -55,7 +58,9 @@ def to_tokens(
         if x.shape[1] > 1 and x.stride(1) != 1:
             channel_first = x
         x = x.transpose(1, 2)
-        if channel_first is not None:
+        if channel_first is not None or row_stride(x) is None:
+            # channel-first memory, or channel-last rows not evenly spaced (any strides are taken in
+            # this layout, as causal-conv1d takes them)
             x = x.contiguous()
     packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1
     if packed_row:

@@ -113,6 +113,10 @@ class CausalConv1dSiLU(nn.Module):
                     "accumulate_into_main_grad: expected the weight to carry an fp32 .main_grad buffer, got none"
                 )
             bmg = None if self.bias is None else getattr(self.bias, "main_grad", None)
+            if self.bias is not None and bmg is None:
+                raise ValueError(
+                    "accumulate_into_main_grad: expected the bias to carry an fp32 .main_grad buffer too, got none"
+                )
         return causal_conv1d_silu(
             x, self.weight, self.bias, activation=self.activation, program=self.program,
             weight_main_grad=wmg, bias_main_grad=bmg, layout=layout, **kwargs,

@@ -18,6 +18,7 @@ import functools
 import importlib.resources
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 
 import torch
@@ -216,7 +217,8 @@ PROGRAMS.update(
 )
 
 VARIANTS = ("fwd", "fwd_bias", "fwd_dt", "bwd", "bwd_bias", "bwd_dt", "bwd_fp32g", "bwd_bias_fp32g")
-ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")
+ARCHS = ("sm_90", "sm_100a", "sm_103a", "sm_107a")  # archs whose routes are chosen: measured or by rule
+ARCH_NAME = re.compile(r"sm_\d+a?")
 
 
 def variant_name(direction: str, bias: bool, documents: bool, fp32_grads: bool = False) -> str:
@@ -335,8 +337,8 @@ def parse_table(data, source: str) -> tuple[str, dict[str, tuple[Rule, ...]]]:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
         fail(f"expected an object with the keys ['arch', 'measured', 'routes'], got {keys}")
     arch, measured, table = data["arch"], data["measured"], data["routes"]
-    if arch not in ARCHS:
-        fail(f"arch {arch!r} is not one of {ARCHS}")
+    if not isinstance(arch, str) or not ARCH_NAME.fullmatch(arch):
+        fail(f"arch {arch!r} is not a CUDA arch name like 'sm_90' or 'sm_100a'")
     if not isinstance(measured, dict):
         fail(f"'measured' must be an object (GPU, tool, dtype, K, dates), got {measured!r}")
     if not isinstance(table, dict):
@@ -416,12 +418,17 @@ def route_table(directory=None) -> dict[str, dict[str, tuple[Rule, ...]]]:
 ROUTES = route_table()
 
 
-def arch_of(capability: tuple[int, int]) -> str:
-    """Route-table arch name of a CUDA compute capability. An arch without a table (sm_80, sm_86,
-    sm_89, sm_120, ...) maps to 'generic', the default programs, with a warning once: they are
-    correct everywhere but were measured on none of those GPUs."""
+def arch_name(capability: tuple[int, int]) -> str:
+    """The CUDA arch name of a compute capability: sm_90 below 10.0, sm_100a and up from there."""
     major, minor = capability
-    name = f"sm_{major}{minor}" if major < 10 else f"sm_{major}{minor}a"
+    return f"sm_{major}{minor}" if major < 10 else f"sm_{major}{minor}a"
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """Route-table arch of a CUDA compute capability. An arch without a table (sm_80, sm_86, sm_89,
+    sm_120, ...) maps to 'generic', the default programs, with a warning once: they are correct
+    everywhere but were measured on none of those GPUs."""
+    name = arch_name(capability)
     if name in ROUTES:
         return name
     _warn_unmeasured(name)
@@ -436,18 +443,13 @@ def _warn_unmeasured(arch: str) -> None:
     )
 
 
-@functools.cache
-def _warn_unknown(arch: str) -> None:
-    logger.warning("conv1d_silu: no route table for arch %r; using the generic route", arch)
-
-
 @functools.lru_cache(maxsize=16384)
 def rule_for(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Rule:
     """The first rule of the route that matches (cached: calls repeat the same shapes)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
     if arch not in ROUTES:
-        _warn_unknown(arch)
+        _warn_unmeasured(arch)
         arch = "generic"
     for rule in ROUTES[arch][variant]:
         if rule.matches(C, S, K, dtype):

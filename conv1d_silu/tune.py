@@ -473,7 +473,8 @@ def main(argv=None) -> None:
         ms = measure(args.variants, args.C, args.S, args.reps, programs=args.programs)
         ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
-        meta["arch"] = arch = ops._arch(torch.device("cuda"))
+        # the device's own arch, not its route ('generic' where no table exists yet)
+        meta["arch"] = arch = routes.arch_name(torch.cuda.get_device_capability())
         if args.programs:
             meta["programs"] = sorted({p for v in args.variants for p in _programs(v, args.programs)})
     if args.json:

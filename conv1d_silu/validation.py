@@ -99,8 +99,11 @@ def check_inputs(
     activation: object,
     grad_dtype: object,
     program: object,
+    main_grad: bool = False,
 ) -> tuple[torch.Tensor, bool, DocTable]:
-    """Validate the public arguments; return the (C, K) weight, the SiLU flag and the doc table."""
+    """Validate the public arguments; return the (C, K) weight, the SiLU flag and the doc table.
+    ``main_grad``: fp32 buffers take the weight gradients (they make ``grad_dtype=torch.float32``
+    meaningful with 16-bit weights)."""
     x = _tensor("x", x)
     if x.dtype not in FLOAT_DTYPES:
         fail("x", "dtype float32, float16, bfloat16 or float64", x.dtype, TypeError)
@@ -126,6 +129,11 @@ def check_inputs(
     silu = activation_flag(activation)
     if grad_dtype not in (None, torch.float32, w.dtype):
         fail("grad_dtype", f"None, torch.float32 or the weight's dtype {w.dtype}", grad_dtype, TypeError)
+    if grad_dtype == torch.float32 and w.dtype != torch.float32 and not main_grad:
+        # autograd casts a parameter's gradient to the parameter's dtype, so the fp32 sums would be
+        # rounded to the weight's dtype and give exactly the bits of grad_dtype=None
+        fail("grad_dtype", "None, or torch.float32 with fp32 weights or weight_main_grad (an fp32 buffer "
+             "the fp32 gradient is added into)", f"torch.float32 with a {w.dtype} weight and no main_grad")
     if program is not None and not isinstance(program, str):
         fail("program", "a program name (str) or None", type(program).__name__, TypeError)
     if not isinstance(return_final_states, bool):

@@ -177,6 +177,9 @@ def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
     m = CausalConv1dSiLU(8, accumulate_into_main_grad=True)
     with pytest.raises(ValueError, match="main_grad"):
         m(torch.randn(2, 5, 8))
+    m.weight.main_grad = torch.zeros(8, 1, 4)
+    with pytest.raises(ValueError, match="accumulate_into_main_grad: expected the bias"):
+        m(torch.randn(2, 5, 8))
     with torch.no_grad():
         m(torch.randn(2, 5, 8))  # nothing to accumulate
 
@@ -279,3 +282,17 @@ def test_step_refuses_bad_inputs():
         m.new_cache(-1)
     with pytest.raises(ValueError, match=r"x: expected one token per sequence, shape \(B, 8\) or \(B, 8, 1\)"):
         CausalConv1dSiLU(8, 4, layout="BCL").step(torch.randn(2, 1, 8), cache)
+
+
+def test_bcl_takes_any_strides_like_causal_conv1d():
+    """A channel-last (B, C, L) view whose batch rows are not evenly spaced is copied, not refused,
+    in the function's and the module's "BCL" layout, as compat.causal_conv1d_fn takes it."""
+    from conv1d_silu import causal_conv1d_silu
+    from conv1d_silu.compat import causal_conv1d_fn
+
+    torch.manual_seed(0)
+    x = torch.randn(30, 2, 8).permute(1, 2, 0)  # (B, C, L): channel stride 1, batch stride 8, token stride 16
+    m = CausalConv1dSiLU(8, 4, layout="BCL")
+    want = causal_conv1d_fn(x.contiguous(), m.weight[:, 0], m.bias, activation="silu")
+    torch.testing.assert_close(m(x), want)
+    torch.testing.assert_close(causal_conv1d_silu(x, m.weight, m.bias, layout="BCL"), want)

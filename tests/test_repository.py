@@ -13,20 +13,33 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "conv1d_silu"
 
 
+def _module_name(path: Path) -> tuple[str, list[str]]:
+    """A package file's dotted name relative to the package (the root's __init__ is "__init__") and
+    the package it belongs to, as parts."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        package = parts[:-1]
+        return ".".join(package) or "__init__", package
+    return ".".join(parts), parts[:-1]
+
+
 def _imports() -> dict[str, set[str]]:
-    """module -> the package modules it imports (at the top or inside functions)."""
+    """module -> the package modules it imports, relative imports of any depth (at the top or inside
+    functions); a name imported from a package counts as an import of that package."""
+    files = {_module_name(p)[0]: p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
-        name = ".".join(p for p in parts if p != "__init__") or "__init__"
+    for name, path in files.items():
+        _, package = _module_name(path)
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:
-                    found.add(node.module.split(".")[0])
-                else:
-                    found.update(a.name for a in node.names)
-        graph[name] = found & {p.stem if p.stem != "__init__" else p.parent.name for p in PACKAGE.rglob("*.py")}
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            targets = [base + node.module.split(".")] if node.module else [base + [a.name] for a in node.names]
+            for parts in targets:
+                target = ".".join(parts)
+                found.add(target if target in files else ".".join(base) or "__init__")
+        graph[name] = found - {name}
     return graph
 
 
@@ -53,7 +66,7 @@ LOWER = {
     "runtime": {"kernels", "config"},
     "gpu": {"kernels", "runtime", "routes", "documents", "dtypes"},
     "routes": {"config"},
-    "reference": {"documents", "dtypes", "states"},
+    "reference": {"documents", "dtypes", "states", "validation"},
 }
 
 

@@ -100,7 +100,7 @@ def test_every_program_named_exists_and_every_program_runs_on_sm90():
 
 
 def test_unknown_arch_falls_back_with_one_warning(caplog):
-    routes._warn_unknown.cache_clear()
+    routes._warn_unmeasured.cache_clear()
     with caplog.at_level(logging.WARNING, logger="conv1d_silu"):
         assert select("sm_999", "bwd", 384, 65536).name == "rowgroup"
         assert select("sm_999", "fwd", 384, 65536).name == "fwd_rows"
@@ -125,6 +125,15 @@ def test_every_gpu_causal_conv1d_builds_for_gets_the_default_route_and_one_warni
             assert select(arch, "bwd", 384, 65536).name == "rowgroup"
             assert select(arch, "fwd_dt", 384, 65536).name == "fwd_rows"
     assert [r.message.split(";")[0] for r in caplog.records] == [f"conv1d_silu: no measured route table for {name}"]
+
+
+def test_any_arch_can_have_a_table(tmp_path, caplog):
+    """A table measured on a GPU without one (the tuner names it by the device's arch) loads and
+    routes that arch; without it the arch warns and runs the defaults."""
+    (tmp_path / "sm_86.json").write_text(routes.format_table("sm_86", {"gpu": "test"}, {"bwd": [routes.Rule("rowgroup_8b", 0, 512, 0)]}))
+    table = routes.route_table(tmp_path)
+    assert table["sm_86"]["bwd"][0].program == "rowgroup_8b"
+    assert routes.arch_name((8, 6)) == "sm_86" and routes.arch_name((12, 0)) == "sm_120a"
 
 
 def test_gpus_below_sm80_get_a_clear_error(monkeypatch):
@@ -404,6 +413,7 @@ def test_tuner_with_backward_programs_only_times_backward_variants(monkeypatch):
     monkeypatch.setattr(tune, "measure", fake_measure)
     monkeypatch.setattr(bench, "meta", lambda *a: {"arch": "sm_90"})
     monkeypatch.setattr(tune.ops, "_arch", lambda device: "sm_90")
+    monkeypatch.setattr(tune.torch.cuda, "get_device_capability", lambda *a: (9, 0))
     tune.main(["--programs", "rowgroup_long16_8b", "--jobs", "0", "--no-write", "--C", "384", "--S", "131072"])
     assert seen and all(v.startswith("bwd") for v in seen)
 
@@ -497,7 +507,7 @@ GOOD = {"program": "rowgroup_8b", "c_lo": 256, "c_hi": 264, "s_min": 32768}
         (_table(bwd=[{**GOOD, "ks": [0]}, {"program": "rowgroup"}]), r"routes.bwd\[0\]: ks must be a non-empty list"),
         (_table(bwd_nope=[{"program": "rowgroup"}]), r"unknown variant 'bwd_nope'"),
         (_table(bwd=[]), r"routes.bwd: expected a non-empty list"),
-        ({**_table(), "arch": "sm_9"}, r"arch 'sm_9' is not one of"),
+        ({**_table(), "arch": "hopper"}, r"arch 'hopper' is not a CUDA arch name"),
         ({**_table(), "why": "x"}, r"expected an object with the keys \['arch', 'measured', 'routes'\]"),
         ({"arch": "sm_90", "routes": {}}, r"expected an object with the keys"),
         ({**_table(), "arch": "sm_107a"}, r"holds the routes of 'sm_107a'; name it sm_107a.json"),

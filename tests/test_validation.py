@@ -211,7 +211,11 @@ def test_main_grad_buffers():
     )
     assert_expected_inline(
         _err(ValueError, base(weight_main_grad=torch.zeros(4, 4))),
-        """weight_main_grad: expected a contiguous buffer of shape (4, 3), got (4, 4)""",
+        """weight_main_grad: expected a contiguous buffer of shape (4, 3) or (4, 1, 3), got (4, 4)""",
+    )
+    assert_expected_inline(  # the right count of elements in the wrong shape
+        _err(ValueError, base(weight_main_grad=torch.zeros(3, 4))),
+        """weight_main_grad: expected a contiguous buffer of shape (4, 3) or (4, 1, 3), got (3, 4)""",
     )
 
 
@@ -224,3 +228,11 @@ def test_bad_input_launches_nothing(monkeypatch):
     with pytest.raises(ValueError):
         causal_conv1d_silu(torch.randn(10, 4), torch.randn(4, 3), cu_seqlens=torch.tensor([0, 9], dtype=torch.int32))
     assert not called
+
+
+def test_bcl_checks_the_dtype_before_copying():
+    """A channel-first x is copied to channel-last; an integer one is refused first, naming x."""
+    assert_expected_inline(
+        _err(TypeError, lambda: causal_conv1d_silu(torch.zeros(2, 4, 10, dtype=torch.int64), torch.randn(4, 3), layout="BCL")),
+        """x: expected dtype float32, float16, bfloat16 or float64, got torch.int64""",
+    )

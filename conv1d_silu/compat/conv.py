@@ -9,25 +9,12 @@ from __future__ import annotations
 import torch
 
 from ..api import causal_conv1d_silu
-from ..validation import fail, row_stride
+from ..validation import fail
 from . import checks
 
 
 def channel_last(x: torch.Tensor) -> bool:
     return x.shape[1] <= 1 or x.stride(1) == 1
-
-
-def readable(x: object) -> object:
-    """x, with a channel-last view the kernels cannot read in place (batch rows not evenly spaced,
-    overlapping tokens) copied to dense channel-last, as causal-conv1d reads any such strides."""
-    if (
-        isinstance(x, torch.Tensor)
-        and x.dim() == 3
-        and channel_last(x)
-        and row_stride(x.transpose(1, 2)) is None
-    ):
-        return x.transpose(1, 2).contiguous().transpose(1, 2)
-    return x
 
 
 def seq_idx_alone(seq_idx: object, **others: object) -> None:
@@ -65,7 +52,7 @@ def forward(
         checks.tensor("final_states_out", final_states_out, x, (batch, dim, w.shape[1] - 1), x.dtype)
         checks.writable("final_states_out", final_states_out)
     out = causal_conv1d_silu(
-        readable(x),
+        x,
         weight,
         bias,
         seq_idx=seq_idx,

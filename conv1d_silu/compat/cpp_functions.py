@@ -26,6 +26,7 @@ def causal_conv1d_fwd_function(
     """out ``(B, D, L)`` in x's layout, without autograd; final_states ``(B, D, W-1)`` are written
     into final_states_out when it is given. Arguments as :func:`conv1d_silu.compat.causal_conv1d_fn`."""
     silu = checks.flag("silu_activation", silu_activation)
+    conv.seq_idx_alone(seq_idx, initial_states=initial_states, final_states_out=final_states_out)
     with torch.no_grad():
         out = conv.forward(
             x, weight, bias, seq_idx, initial_states, final_states_out is not None, final_states_out, silu
@@ -89,7 +90,7 @@ def causal_conv1d_bwd_function(
         checks.tensor("dfinal_states", dfinal_states, x, state_shape, x.dtype)
     if return_dinitial_states and initial_states is None:  # the gradient w.r.t. the zero padding
         initial_states = x.new_zeros(state_shape)
-    tokens = to_tokens(conv.readable(x), seq_idx, None, initial_states, "BCL")
+    tokens = to_tokens(x, seq_idx, None, initial_states, "BCL")
     w2, _, doc = check_inputs(
         tokens.x,
         weight,
