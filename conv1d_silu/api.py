@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from . import autograd, runtime
+from . import autograd, config, ops, runtime
+from .documents import DocTable
 from .layout import from_tokens, to_tokens
-from .validation import check_inputs, fail
+from .validation import check_inputs, checked_doc, fail, weight_2d
 
 
-def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -> torch.Tensor | None:
+def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -> None:
     if buf is None:
-        return None
+        return
     if not isinstance(buf, torch.Tensor):
         fail(arg, "a torch.Tensor or None", type(buf).__name__, TypeError)
     if buf.dtype != torch.float32:
@@ -22,7 +23,99 @@ def _main_grad(arg: str, buf: object, shape: tuple[int, ...], x: torch.Tensor) -
     shapes = (shape, (shape[0], 1, shape[1])) if len(shape) == 2 else (shape,)
     if tuple(buf.shape) not in shapes or not buf.is_contiguous():
         fail(arg, f"a contiguous buffer of shape {' or '.join(map(str, shapes))}", tuple(buf.shape))
-    return buf.view(shape)
+
+
+def _check(
+    x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+    grad_dtype, activation, program,
+) -> tuple[torch.Tensor, bool, torch.dtype, DocTable]:
+    """Check every argument, raising for bad input; return the (C, K) weight, the SiLU flag, the
+    dtype of the weight gradients and the document table."""
+    w2, silu, doc = check_inputs(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program,
+        main_grad=weight_main_grad is not None,
+    )
+    C, K = w2.shape
+    _main_grad("weight_main_grad", weight_main_grad, (C, K), x)
+    _main_grad("bias_main_grad", bias_main_grad, (C,), x)
+    if bias_main_grad is not None and (bias is None or weight_main_grad is None):
+        fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
+    if weight_main_grad is not None and bias is not None and bias_main_grad is None:
+        fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
+    return w2, silu, grad_dtype or w2.dtype, doc
+
+
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    """What the checks and plans read of a tensor argument (AttributeError for a non-tensor)."""
+    return None if t is None else (type(t), t.dtype, t.shape, t.stride(), t.device)
+
+
+def _views(weight, weight_main_grad, bias_main_grad):
+    """The (C, K) weight, and the main_grad buffers in the shapes of the weight's gradients."""
+    w2 = weight if weight.dim() == 2 else weight.select(1, 0)
+    if weight_main_grad is not None:
+        weight_main_grad = weight_main_grad.view(w2.shape)
+        bias_main_grad = None if bias_main_grad is None else bias_main_grad.view(-1)
+    return w2, weight_main_grad, bias_main_grad
+
+
+def _eager(
+    x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+    grad_dtype, activation, program,
+):
+    """The op in eager mode: the Function, with the call checked and routed once per signature
+    (each tensor's type, dtype, shape, strides and device; the other arguments; the forced program)
+    and looked up after. A document table's values are read by every call: its table is built and
+    checked per call."""
+    forced = program or config.forced_program()  # CONV1D_SILU_PROGRAM is read once per call
+    plain = (  # the common call, told by `is` (== would compare tensors)
+        seq_idx is None and cu_seqlens is None and initial_states is None and weight_main_grad is None
+        and bias_main_grad is None
+    )
+    optional = None if plain else (seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad)
+    try:
+        key = (
+            type(x), x.dtype, x.shape, x.stride(), x.device,
+            type(weight), weight.dtype, weight.shape, weight.stride(), weight.device, _meta(bias),
+            optional and tuple(map(_meta, optional)),
+            return_final_states, type(return_final_states), grad_dtype, activation, program, forced,
+        )
+        call = ops.EAGER_CALLS.get(key)
+    except (AttributeError, TypeError):  # a non-tensor or an unhashable argument: the checks name it
+        key = call = None
+    if call is None:
+        w2, silu, grad_dtype, doc = _check(
+            x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
+            return_final_states, grad_dtype, activation, program,
+        )
+        main_grad = weight_main_grad is not None
+        route = ops.route(x, w2, bias is not None, doc, grad_dtype, main_grad, forced or ops.ROUTED)
+        call = autograd.Call(doc, return_final_states, silu, grad_dtype, route)
+        if key is not None:
+            ops.remember(key, call._replace(doc=None) if doc.table is not None else call)
+    elif call.doc is None:
+        call = call._replace(doc=checked_doc(x, seq_idx, cu_seqlens, initial_states))
+    function = autograd.CausalConv1dSiLUFunction
+    if plain:
+        return function.apply(call, x, weight if weight.dim() == 2 else weight.select(1, 0), bias)
+    w2, weight_main_grad, bias_main_grad = _views(weight, weight_main_grad, bias_main_grad)
+    return function.apply(call, x, w2, bias, initial_states, weight_main_grad, bias_main_grad)
+
+
+def _traced(
+    x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+    grad_dtype, activation, program,
+):
+    """The op while compiling: the custom op (autograd.py), its arguments checked for every trace."""
+    _, silu, grad_dtype, _ = _check(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+        grad_dtype, activation, program,
+    )
+    w2, weight_main_grad, bias_main_grad = _views(weight, weight_main_grad, bias_main_grad)
+    return autograd.traced(
+        x, w2, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+        silu, grad_dtype, program,
+    )
 
 
 def causal_conv1d_silu(
@@ -74,24 +167,16 @@ def causal_conv1d_silu(
     Returns:
         y with x's shape and dtype (and, for ``"BCL"``, x's memory layout), or ``(y, final_states)``.
     """
-    tokens = to_tokens(x, seq_idx, cu_seqlens, initial_states, layout)
-    x, seq_idx, initial_states = tokens.x, tokens.seq_idx, tokens.initial_states
-    w2, silu, doc = check_inputs(
-        x, weight, bias, seq_idx, cu_seqlens, initial_states, return_final_states, activation, grad_dtype, program,
-        main_grad=weight_main_grad is not None,
+    tokens = None
+    if layout != "BLC" or cu_seqlens is not None:  # else x is token-major as it is (layout.py)
+        tokens = to_tokens(x, seq_idx, cu_seqlens, initial_states, layout)
+        x, seq_idx, initial_states = tokens.x, tokens.seq_idx, tokens.initial_states
+    run = _traced if torch.compiler.is_compiling() else _eager
+    out = run(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad, return_final_states,
+        grad_dtype, activation, program,
     )
-    C, K = w2.shape
-    wmg = _main_grad("weight_main_grad", weight_main_grad, (C, K), x)
-    bmg = _main_grad("bias_main_grad", bias_main_grad, (C,), x)
-    if bmg is not None and (bias is None or wmg is None):
-        fail("bias_main_grad", "None unless bias and weight_main_grad are given", "a tensor")
-    if wmg is not None and bias is not None and bmg is None:
-        fail("bias_main_grad", "a buffer when weight_main_grad and bias are given", None)
-    out = autograd.apply(
-        x, w2, bias, doc, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu,
-        grad_dtype or w2.dtype, program,
-    )
-    if layout == "BLC" and not tokens.packed_row:
+    if tokens is None:
         return out
     return from_tokens(tokens, *(out if return_final_states else (out, None)))
 

@@ -18,28 +18,30 @@ from typing import NamedTuple
 
 import torch
 
-from . import config, ops
+from . import ops
 from .documents import DocTable
 
 
-class _Call(NamedTuple):
+class Call(NamedTuple):
     """The plain-Python arguments of one eager call, passed to the Function as one value: every
-    argument of ``Function.apply`` costs host time on the way in and a ``None`` gradient out."""
+    argument of ``Function.apply`` costs host time on the way in and a ``None`` gradient out.
+    Checked and routed once per call signature (api.py); only a document table is per call."""
 
-    doc: DocTable
+    doc: DocTable | None  # None where the signature's calls carry document tables of their own
     return_final_states: bool
     silu: bool
     grad_dtype: torch.dtype
-    program: str  # resolved once for forward and backward: a name, or "" for the route table
+    route: ops.Route  # the programs and launch plans of forward and backward
 
 
 class CausalConv1dSiLUFunction(torch.autograd.Function):
-    """Eager autograd of the op: tensors, then one :class:`_Call`."""
+    """Eager autograd of the op: one :class:`Call`, then the tensors (the optional ones only when
+    one of them is given: each argument costs host time)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, initial_states, weight_main_grad, bias_main_grad, call: _Call):
+    def forward(ctx, call: Call, x, weight, bias, initial_states=None, weight_main_grad=None, bias_main_grad=None):
         y, final = ops.forward_impl(
-            x, weight, bias, call.doc, initial_states, call.return_final_states, call.silu, call.program
+            x, weight, bias, call.doc, initial_states, call.return_final_states, call.silu, None, call.route
         )
         ctx.save_for_backward(x, weight, bias, initial_states)
         ctx.call, ctx.main_grads = call, (weight_main_grad, bias_main_grad)
@@ -52,11 +54,12 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         wmg, bmg = ctx.main_grads
         dx, dw, db, dinit = ops.backward_impl(
             dy, x, weight, bias, call.doc, initial_states, dfinal if call.return_final_states else None,
-            call.silu, call.grad_dtype, call.program, wmg, bmg,
+            call.silu, call.grad_dtype, None, wmg, bmg, route=call.route,
         )
         if wmg is not None:  # the weight gradients went into the main_grad buffers
             dw = db = None
-        return dx, dw, db, dinit, None, None, None
+        # autograd drops the trailing Nones of a call without the optional tensors
+        return None, dx, dw, db, dinit, None, None
 
 
 def _setup_context(ctx, inputs, output):
@@ -85,17 +88,11 @@ def _backward(ctx, dy, dfinal):
 ops.fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def apply(x, weight, bias, doc, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
-          return_final_states, silu, grad_dtype, program):
-    """Run the op with autograd: the custom op while compiling, the Function in eager mode."""
-    if torch.compiler.is_compiling():
-        fp32_grads = grad_dtype == torch.float32
-        y, final = torch.ops.conv1d_silu.fwd(
-            x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
-            return_final_states, silu, fp32_grads, program or None,
-        )
-        return (y, final) if return_final_states else y
-    # CONV1D_SILU_PROGRAM is read once per call here, not once per direction
-    call = _Call(doc, return_final_states, silu, grad_dtype, program or config.forced_program() or ops.ROUTED)
-    return CausalConv1dSiLUFunction.apply(x, weight, bias, initial_states, weight_main_grad, bias_main_grad, call)
-
+def traced(x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
+           return_final_states, silu, grad_dtype, program):
+    """The op with autograd while compiling: the custom op, whose backward is registered above."""
+    y, final = torch.ops.conv1d_silu.fwd(
+        x, weight, bias, seq_idx, cu_seqlens, initial_states, weight_main_grad, bias_main_grad,
+        return_final_states, silu, grad_dtype == torch.float32, program or None,
+    )
+    return (y, final) if return_final_states else y

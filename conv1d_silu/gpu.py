@@ -10,15 +10,15 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import kernels, runtime
-from .documents import CU_SEQLENS, SEQ_IDX, DocTable
+from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .routes import LANES, Program, tile_vectors
-from .runtime import Launch, current_stream_ptr, device_index
+from .runtime import Args, Launch, current_stream_ptr, device_index
 
 SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
 FAN = 8  # children per node of the canonical tree
@@ -41,14 +41,13 @@ CUDA = Launcher()
 
 
 def alignment(*tensors: torch.Tensor | None) -> int:
-    """Largest power of two, at most 16, dividing every tensor's address (in bytes)."""
-    a = 16
+    """Largest power of two, at most 16, dividing every tensor's address (in bytes): the lowest
+    bit set in any of them."""
+    bits = 16
     for t in tensors:
         if t is not None:
-            p = t.data_ptr()
-            while a > 1 and p % a:
-                a //= 2
-    return a
+            bits |= t.data_ptr()
+    return bits & -bits
 
 
 def vector_width(
@@ -81,10 +80,6 @@ def pipe_bytes(K: int, sources: int, threads: int, vec: int, itemsize: int) -> i
     return (pipe_depth(K) * K * sources | 1) * threads * vec * itemsize
 
 
-def _table(doc: DocTable):
-    return doc.table if doc.mode in (SEQ_IDX, CU_SEQLENS) else None
-
-
 def _max_offset(S: int, C: int, strides: list[int], n_docs: int, K: int) -> int:
     return max([S * s for s in strides] + [S * C, (n_docs + 1) * (K - 1) * C]) + C
 
@@ -110,10 +105,13 @@ def dense(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
-def fresh_like(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor of ``t``'s shape, dtype and device: ``empty_like`` parses no shape,
-    dtype or device, half the host time of ``torch.empty(t.shape, dtype=..., device=...)``."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+def fresh_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous tensor of ``t``'s shape and device, and its dtype or ``dtype``: ``empty_like``
+    parses no shape or device, 0.6x the host time of ``torch.empty(t.shape, dtype=..., device=...)``,
+    and without keywords (a contiguous ``t`` of that dtype) 0.7x that again."""
+    if (dtype is None or dtype == t.dtype) and t.is_contiguous():
+        return torch.empty_like(t)
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 @dataclass(frozen=True)
@@ -231,6 +229,19 @@ def forward_plan(
     return Plan(kernel, block, smem, tile_v, n_ctiles, n_units, wide, max_off)
 
 
+# The pointer fields of each kernel's argument struct, in the order the launches pass the tensors.
+FWD_TENSORS = ("x", "w", "bias", "table", "init", "y", "final_states")
+BWD_TENSORS = (
+    "x", "dy", "w", "bias", "table", "init", "dx", "dinit", "dw", "db", "workspace", "tickets", "next_x", "next_dy",
+)
+FOLD_TENSORS = ("workspace", "dw", "db")
+
+
+def _nulls(**present: bool) -> dict[str, int]:
+    """The pointer fields of a planned launch that stay null (0) for all its calls: those absent."""
+    return {name: 0 for name, here in present.items() if not here}
+
+
 def forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -242,52 +253,69 @@ def forward(
     program: Program,
     row_stride: int,
     launcher: Launcher = CUDA,
+    plans: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """y (contiguous, x's shape) and final_states ((N, K-1, C) or None)."""
-    C, K = weight.shape
-    S = doc.S
+    """y (contiguous, x's shape) and final_states ((N, K-1, C) or None).
+
+    ``plans``: the launches planned before for calls of this signature, by the alignment class of the
+    data pointers (a new class is planned and added), or None to plan this call alone.
+    """
     y = fresh_like(x)
     final = None
     if return_final_states:
+        C, K = weight.shape
         final = (
             initial_states.clone(memory_format=torch.contiguous_format)
             if initial_states is not None
             else x.new_zeros((doc.num_docs, K - 1, C))
         )
-    if S == 0:
+    if doc.S == 0:
         return y, final
     init = dense(initial_states)
+    align = alignment(x, init, final)
+    planned = None if plans is None else plans.get(align)
+    if planned is None:
+        planned = _forward_launch(
+            x, weight, bias is not None, doc, init is not None, final is not None, silu, program, row_stride, align,
+            launcher,
+        )
+        if plans is not None:
+            plans[align] = planned
+    tensors = (x, dense(weight), dense(bias), doc.table, init, y, final)
+    outputs = (y,) if final is None else (y, final)
+    launcher(planned.bind(tensors, outputs, (x,) if init is None else (x, init)), x.device)
+    return y, final
+
+
+def _forward_launch(
+    x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, final: bool, silu: bool,
+    program: Program, x_stride: int, align: int, launcher: Launcher,
+) -> Launch:
+    """The forward's launch but its tensors (:meth:`Launch.bind`)."""
+    C, K = weight.shape
     n_docs = doc.num_docs or 0
     key = (
-        x.dtype, weight.dtype, K, C, S, row_stride, alignment(x, init, final), bias is not None, doc.mode,
-        init is not None, final is not None, silu, program, n_docs,
+        x.dtype, weight.dtype, K, C, doc.S, x_stride, align, has_bias, doc.mode, has_init, final, silu, program,
+        n_docs,
     )
     plan = forward_plan(*key)
     if program.max_fill_rows and plan.n_units > (sms := launcher.sm_count(x.device)):
         # the base height's residency stands for the taller lanes' (they use the same registers)
-        probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, {})
+        probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, None)
         plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
-    launch = Launch(
-        source="conv1d_silu_fwd",
-        kernel=plan.kernel,
-        grid=(plan.n_units, 1, 1),
-        block=plan.block,
-        smem=plan.smem,
-        args=dict(
-            x=x, x_rs=row_stride, w=dense(weight), bias=dense(bias), table=_table(doc), row_len=doc.row_len,
-            n_docs=n_docs, init=init, y=y, final_states=final, S=S, C=C, tile_v=plan.tile_v,
-            n_ctiles=plan.n_ctiles, n_units=plan.n_units,
-        ),
-        outputs=(y,) if final is None else (y, final),
-        inputs=(x,) if init is None else (x, init),
-        index_64=plan.index_64,
-        max_offset=plan.max_offset,
+    nulls = _nulls(bias=has_bias, table=doc.table is not None, init=has_init, final_states=final)
+    args = Args(
+        "conv1d_silu_fwd", FWD_TENSORS, **nulls, x_rs=x_stride, row_len=doc.row_len, n_docs=n_docs, S=doc.S, C=C,
+        tile_v=plan.tile_v, n_ctiles=plan.n_ctiles, n_units=plan.n_units,
     )
-    launcher(launch, x.device)
-    return y, final
+    launch = Launch(
+        "conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, args,
+        index_64=plan.index_64, max_offset=plan.max_offset,
+    )
+    return launch
 
 
-_scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type, index, stream) -> buffer
+_scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type or (index, stream)) -> buffer
 _views: dict[tuple, torch.Tensor] = {}  # the same key -> the last view of that buffer handed out
 SCRATCH_KEEP_BYTES = 16 << 20  # larger workspaces are allocated per call, not kept
 GRAPH_TICKETS = 1 << 18  # tickets zeroed ahead for captured launches, per device (1 MB)
@@ -311,9 +339,14 @@ class _TicketReserve:
         self.retired: list[torch.Tensor] = []
         self.lock = threading.Lock()  # two threads capturing at once must not share a slice
 
+    def holds(self, n: int) -> bool:
+        """Whether ``n`` tickets are left (read without the lock: a capture that finds fewer
+        zeroes its own, so a stale answer costs nothing but that)."""
+        return self.buf is not None and self.buf.numel() - self.used >= n
+
     def top_up(self, n: int, device: torch.device) -> None:
         with self.lock:
-            if self.buf is not None and self.buf.numel() - self.used >= n:
+            if self.holds(n):
                 return
             if self.buf is not None:
                 self.retired.append(self.buf)
@@ -348,7 +381,7 @@ def backward_scratch(
     The stream is looked up once for both (a few µs of a slow host's time per lookup).
     """
     if device.type != "cuda":
-        where = (device.type, 0, 0)
+        where = device.type
     else:
         index = device_index(device)
         reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
@@ -358,9 +391,9 @@ def backward_scratch(
                 tickets = torch.zeros(n_tickets, dtype=torch.int32, device=device)
             workspace = torch.empty(ws_elems, dtype=ws_dtype, device=device) if ws_elems else None
             return workspace, tickets
-        if n_tickets:
+        if n_tickets and not reserve.holds(n_tickets):
             reserve.top_up(n_tickets, device)
-        where = ("cuda", index, current_stream_ptr(index))
+        where = (index, current_stream_ptr(index))
     workspace = _kept("workspace", ws_elems, ws_dtype, device, where) if ws_elems else None
     tickets = _kept("tickets", n_tickets, torch.int32, device, where) if n_tickets else None
     return workspace, tickets
@@ -369,7 +402,7 @@ def backward_scratch(
 def _kept(what: str, n: int, dtype: torch.dtype, device: torch.device, where: tuple) -> torch.Tensor:
     """``n`` elements of the buffer kept for ``what`` on one (device, stream), grown as needed;
     the last view handed out is kept too, since a slice costs a dispatcher round trip."""
-    key = (what, dtype, *where)
+    key = (what, dtype, where)
     buf = _scratch.get(key)
     if buf is None or buf.numel() < n:
         size = max(n, 2 * (0 if buf is None else buf.numel()), 1024)
@@ -432,26 +465,26 @@ def backward(
     bias_grad_out: torch.Tensor | None = None,
     launcher: Launcher = CUDA,
     trailing: tuple[torch.Tensor, torch.Tensor] | None = None,
+    plans: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial_states.
 
     With ``weight_grad_out`` (an fp32 (C, K) buffer, e.g. a main_grad), dweight/dbias are added
     into the given buffers (one fp32 add of the canonical sum) and returned. ``trailing`` =
     (x_next, dy_next): up to K-1 tokens after the sequence, in its last document, whose g
-    completes dx (context parallelism).
+    completes dx (context parallelism). ``plans``: as for :func:`forward`, by dy's row stride, the
+    alignment class and the number of trailing tokens.
     """
-    C, K = weight.shape
-    S = doc.S
     has_bias = bias is not None
     accumulate = weight_grad_out is not None
     dx = fresh_like(x)
     if accumulate:
         dw, db = weight_grad_out, bias_grad_out
     else:
-        dw = torch.empty((C, K), dtype=grad_dtype, device=x.device)
-        db = torch.empty((C,), dtype=grad_dtype, device=x.device) if has_bias else None
+        dw = fresh_like(weight, grad_dtype)
+        db = fresh_like(bias, grad_dtype) if has_bias else None
     dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format) if initial_states is not None else None
-    if S == 0:
+    if doc.S == 0:
         if not accumulate:
             dw.zero_()
             if db is not None:
@@ -461,41 +494,68 @@ def backward(
     next_x = next_dy = None
     if trailing is not None and trailing[0].shape[0] > 0:
         next_x, next_dy = (dense(t) for t in trailing)
+    key = (dy_stride, alignment(x, dy, init, next_x, next_dy), 0 if next_x is None else next_x.shape[0])
+    planned = None if plans is None else plans.get(key)
+    if planned is None:
+        planned = _backward_launches(
+            x, weight, has_bias, doc, init is not None, silu, dw.dtype, program, x_stride, *key, accumulate, launcher
+        )
+        if plans is not None:
+            plans[key] = planned
+    launch, fold, scratch = planned
+    device = x.device
+    workspace, tickets = backward_scratch(*scratch, device)
+    tensors = (
+        x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace, tickets, next_x, next_dy
+    )
+    if init is None and next_x is None:
+        outputs, inputs = (dx,), (x, dy)
+    else:
+        outputs = (dx,) if dinit is None else (dx, dinit)
+        inputs = tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None)
+    launcher(launch.bind(tensors, outputs, inputs), device)
+    if fold is not None:
+        launcher(fold.bind((workspace, dw, db), (), ()), device)
+    return dx, dw, db, dinit
+
+
+def _backward_launches(
+    x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, silu: bool,
+    grad_dtype: torch.dtype, program: Program, x_stride: int, dy_stride: int, align: int, n_next: int,
+    accumulate: bool, launcher: Launcher,
+) -> tuple[Launch, Launch | None, tuple[int, torch.dtype, int]]:
+    """The backward's launch and the fold's (or None) but their tensors (:meth:`Launch.bind`), and
+    the size and dtype of the workspace and the number of tickets they take (backward_scratch)."""
+    C, K = weight.shape
     n_docs = doc.num_docs or 0
     plan = backward_plan(
-        x.dtype, weight.dtype, dw.dtype, K, C, S, x_stride, dy_stride, alignment(x, dy, init, next_x, next_dy),
-        has_bias, doc.mode, init is not None, silu, program, n_docs,
+        x.dtype, weight.dtype, grad_dtype, K, C, doc.S, x_stride, dy_stride, align, has_bias, doc.mode, has_init,
+        silu, program, n_docs,
     )
-    workspace, tickets = backward_scratch(plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets, x.device)
+    nulls = _nulls(
+        bias=has_bias, db=has_bias, table=doc.table is not None, init=has_init, dinit=has_init,
+        workspace=plan.ws_elems > 0, tickets=plan.n_tickets > 0, next_x=n_next > 0, next_dy=n_next > 0,
+    )
+    args = Args(
+        "conv1d_silu_bwd", BWD_TENSORS, **nulls, x_rs=x_stride, dy_rs=dy_stride, row_len=doc.row_len, n_docs=n_docs,
+        accumulate=int(accumulate), S=doc.S, C=C, tile_v=plan.tile_v, n_ctiles=plan.n_ctiles, n_units=plan.n_units,
+        root_level=plan.root, n_next=n_next, n_vec=plan.n_vec, split=int(plan.fold is not None),
+    )
     launch = Launch(
-        source="conv1d_silu_bwd",
-        kernel=plan.kernel,
-        grid=(plan.n_units, 1, 1),
-        block=plan.block,
-        smem=plan.smem,
-        args=dict(
-            x=x, x_rs=x_stride, dy=dy, dy_rs=dy_stride, w=dense(weight), bias=dense(bias), table=_table(doc),
-            row_len=doc.row_len, n_docs=n_docs, init=init, dx=dx, dinit=dinit, dw=dw, db=db,
-            accumulate=int(accumulate), workspace=workspace, tickets=tickets, S=S, C=C, tile_v=plan.tile_v,
-            n_ctiles=plan.n_ctiles, n_units=plan.n_units, root_level=plan.root, next_x=next_x, next_dy=next_dy,
-            n_next=0 if next_x is None else next_x.shape[0], n_vec=plan.n_vec, split=int(plan.fold is not None),
-        ),
-        outputs=(dx,) if dinit is None else (dx, dinit),
-        inputs=tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None),
-        index_64=plan.index_64,
-        max_offset=plan.max_offset,
+        "conv1d_silu_bwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, args,
+        index_64=plan.index_64, max_offset=plan.max_offset,
     )
     if program.persistent:
         per_sm = launcher.max_active_blocks(launch, x.device)
-        launch.grid = (min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1)
-    launcher(launch, x.device)
+        launch = replace(launch, grid=(min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1))
+    fold = None
     if plan.fold is not None:
         f = plan.fold
-        launcher(
-            Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem,
-                   dict(workspace=workspace, dw=dw, db=db, accumulate=int(accumulate), C=C, n_nodes=f.n_nodes,
-                        levels=f.levels), programmatic=True),
-            x.device,
+        args = Args(
+            "conv1d_silu_fold", FOLD_TENSORS, **_nulls(workspace=plan.ws_elems > 0, db=has_bias),
+            accumulate=int(accumulate), C=C, n_nodes=f.n_nodes, levels=f.levels,
         )
-    return dx, dw, db, dinit
-
+        fold = Launch(
+            "conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, args, programmatic=True
+        )
+    return launch, fold, (plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets)

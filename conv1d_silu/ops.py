@@ -33,6 +33,19 @@ Tensor_ = Optional[Tensor]
 _launcher: gpu.Launcher = gpu.CUDA
 _emulated_arch: str | None = None  # set while the kernel tests run the CUDA path on CPU tensors
 
+# Call signature -> the checked and routed eager call (api.py), so that a repeated call does no
+# checking, routing or planning beyond a dictionary lookup. Routes and plans depend on the launcher
+# (its SM count and residency) and the emulated arch, so changing either empties it.
+EAGER_CALLS: dict[tuple, object] = {}
+MAX_EAGER_CALLS = 4096  # a workload of ever new shapes starts over rather than growing without bound
+
+
+def remember(key: tuple, call: object) -> None:
+    """Keep ``call`` for its signature ``key`` in :data:`EAGER_CALLS`."""
+    if len(EAGER_CALLS) >= MAX_EAGER_CALLS:
+        EAGER_CALLS.clear()
+    EAGER_CALLS[key] = call
+
 
 @contextlib.contextmanager
 def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
@@ -41,10 +54,12 @@ def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
     global _launcher, _emulated_arch
     saved = _launcher, _emulated_arch
     _launcher, _emulated_arch = launcher, emulate_arch
+    EAGER_CALLS.clear()
     try:
         yield
     finally:
         _launcher, _emulated_arch = saved
+        EAGER_CALLS.clear()
 
 
 def _arch(device: torch.device) -> str:
@@ -92,6 +107,34 @@ def choose(
     return routes.select(_arch(x.device), variant, C, doc.S, K, routes.dtype_name(x.dtype))
 
 
+class Route:
+    """The programs of one call signature (shapes, strides, dtypes, flags, device, program), x's row
+    stride, and the launches planned for them, filled in by the first call of each alignment class of
+    the data pointers (and, backward, each row stride of dy); see gpu.forward."""
+
+    __slots__ = ("fwd", "bwd", "x_stride", "fwd_plans", "bwd_plans")
+
+    def __init__(self, fwd: routes.Program | None, bwd: routes.Program | None, x_stride: int):
+        self.fwd, self.bwd, self.x_stride = fwd, bwd, x_stride
+        self.fwd_plans: dict = {}
+        self.bwd_plans: dict = {}
+
+
+def _fp32_grads(grad_dtype: torch.dtype, weight: Tensor, main_grad: bool) -> bool:
+    """Whether the backward sums the weight gradients in fp32 (a variant of its own)."""
+    return grad_dtype == torch.float32 and weight.dtype != torch.float32 or main_grad
+
+
+def route(
+    x: Tensor, weight: Tensor, has_bias: bool, doc: DocTable, grad_dtype: torch.dtype, main_grad: bool,
+    program: str | None,
+) -> Route:
+    """Both directions' programs for a call (``program``: see :func:`choose`)."""
+    fwd = choose("fwd", x, weight, has_bias, doc, False, program)
+    bwd = choose("bwd", x, weight, has_bias, doc, _fp32_grads(grad_dtype, weight, main_grad), program)
+    return Route(fwd, bwd, row_stride(x))
+
+
 def forward_impl(
     x: Tensor,
     weight: Tensor,
@@ -101,22 +144,18 @@ def forward_impl(
     return_final_states: bool,
     silu: bool,
     program: str | None,
+    route: Route | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    prog = choose("fwd", x, weight, bias is not None, doc, False, program)
-    if not prog.cuda:
+    """y and the final states; ``route``: the call signature's programs and plans (eager calls),
+    else the program is chosen now by ``program``."""
+    if route is None:
+        route = Route(choose("fwd", x, weight, bias is not None, doc, False, program), None, row_stride(x))
+    if not route.fwd.cuda:
         return reference.forward(x, weight, bias, doc, initial_states, return_final_states, silu)
     return gpu.forward(
-        x, weight, bias, doc, initial_states, return_final_states, silu, prog, row_stride(x), _launcher
+        x, weight, bias, doc, initial_states, return_final_states, silu, route.fwd, route.x_stride, _launcher,
+        route.fwd_plans,
     )
-
-
-def readable(t: Tensor) -> tuple[Tensor, int]:
-    """The tensor and its row stride, copied to contiguous only when the kernels cannot read it."""
-    rs = row_stride(t)
-    if rs is None:
-        t = t.contiguous()
-        rs = t.shape[-1]
-    return t, rs
 
 
 def backward_impl(
@@ -133,11 +172,15 @@ def backward_impl(
     weight_grad_out: Tensor | None = None,
     bias_grad_out: Tensor | None = None,
     trailing: tuple[Tensor, Tensor] | None = None,
+    route: Route | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias grads are
-    added into the given fp32 buffers instead. ``trailing``: see gpu.backward."""
-    fp32_grads = grad_dtype == torch.float32 and weight.dtype != torch.float32 or weight_grad_out is not None
-    prog = choose("bwd", x, weight, bias is not None, doc, fp32_grads, program)
+    added into the given fp32 buffers instead. ``trailing``: see gpu.backward. ``route``: as for
+    :func:`forward_impl`."""
+    if route is None:
+        fp32_grads = _fp32_grads(grad_dtype, weight, weight_grad_out is not None)
+        route = Route(None, choose("bwd", x, weight, bias is not None, doc, fp32_grads, program), row_stride(x))
+    prog = route.bwd
     if not prog.cuda:
         out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
         dx, dw, db, dinit = reference.backward(
@@ -149,10 +192,14 @@ def backward_impl(
                 bias_grad_out.add_(db)
             dw, db = weight_grad_out, bias_grad_out
         return dx, dw, db, dinit
-    dy, dy_rs = readable(dy)
+    # read in place where the kernels can (one row repeated too); a channel stride of 0 (the
+    # expanded scalar that y.sum() hands back) needs a copy: the kernels read rows as vectors
+    dy_rs = row_stride(dy, repeated=True)
+    if dy_rs is None:
+        dy, dy_rs = dy.contiguous(), dy.shape[-1]
     dx, dw, db, dinit = gpu.backward(
-        dy, dy_rs, x, row_stride(x), weight, bias, doc, initial_states, silu, grad_dtype, prog,
-        weight_grad_out, bias_grad_out, _launcher, trailing,
+        dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog, weight_grad_out,
+        bias_grad_out, _launcher, trailing, route.bwd_plans,
     )
     if dfinal is not None:
         add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])

@@ -28,13 +28,38 @@ NVRTC_OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
 
 
-@dataclass
+class Args:
+    """The argument struct of a kernel (``kernels.ARGS``: every field 8 bytes, a pointer or a
+    ``long long``), planned once: ``ints`` are the integer fields, and the pointer fields that are
+    null for every call (0); the other fields named in ``tensors`` take a call's tensors, passed in
+    the order of ``tensors`` (:meth:`pack`)."""
+
+    __slots__ = ("fields", "tensors", "ints", "_values", "_tensor_slots")
+
+    def __init__(self, kernel: str, tensors: tuple[str, ...], **ints: int):
+        fields = kernels.ARGS[kernel]
+        if set(tensors) | set(ints) != set(fields) or len(set(tensors)) + len(ints) < len(fields):
+            names = sorted({*tensors, *ints})
+            raise ValueError(f"{kernel}: arguments {names} do not match the struct's fields {fields}")
+        self.fields, self.tensors, self.ints = fields, tensors, ints
+        self._values = [ints.get(name, 0) for name in fields]
+        # (field, position in a call's tensors) of each field that takes a call's tensor
+        self._tensor_slots = tuple((fields.index(name), i) for i, name in enumerate(tensors) if name not in ints)
+
+    def pack(self, into, tensors: tuple[torch.Tensor | None, ...]) -> None:
+        """Write the struct with a call's ``tensors`` into the 8-byte slots ``into``."""
+        into[: len(self._values)] = self._values
+        for slot, i in self._tensor_slots:
+            into[slot] = tensors[i].data_ptr()
+
+
+@dataclass(slots=True)
 class Launch:
     """One kernel launch: what to instantiate, the geometry and the arguments.
 
-    ``args`` maps each field of the kernel's argument struct (``kernels.ARGS``) to a tensor (passed
-    as its device pointer), None (a null pointer) or a Python int: every field is 8 bytes (a
-    pointer or ``long long``), see :func:`pack_args`.
+    A launch is planned once per call signature (``tensors`` empty) and bound to each call's
+    tensors (:meth:`bind`): the pointer fields of its argument struct ``args`` in the order of
+    ``args.tensors`` (None where the plan has a null pointer), and the outputs and inputs among them.
     """
 
     source: str
@@ -42,7 +67,8 @@ class Launch:
     grid: tuple[int, int, int]
     block: int
     smem: int
-    args: dict[str, object]
+    args: Args | None
+    tensors: tuple[torch.Tensor | None, ...] = ()
     outputs: tuple[torch.Tensor, ...] = ()
     inputs: tuple[torch.Tensor, ...] = ()
     one_d_grid: bool = True
@@ -51,6 +77,15 @@ class Launch:
     # may start while the previous kernel in the stream still runs (programmatic dependent launch,
     # sm_90+); the kernel waits for it in-kernel (griddepcontrol.wait) before reading its results
     programmatic: bool = False
+    planned: Launch | None = None  # the planned launch a call's launch binds
+    valid_on: DeviceLimits | None = None  # a planned launch: the limits its geometry was checked against
+
+    def bind(self, tensors: tuple, outputs: tuple, inputs: tuple) -> Launch:
+        """This planned launch with a call's tensors."""
+        return Launch(
+            self.source, self.kernel, self.grid, self.block, self.smem, self.args, tensors, outputs, inputs,
+            self.one_d_grid, self.index_64, self.max_offset, self.programmatic, self,
+        )
 
 
 def device_index(device: torch.device) -> int:
@@ -70,7 +105,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """[start, end) byte range a tensor's elements occupy."""
     p = t.data_ptr()
     if t.is_contiguous():
-        return (p, p + t.numel() * t.element_size())
+        return (p, p + t.nbytes)
     if t.numel() == 0:
         return (p, p)
     extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
@@ -83,7 +118,21 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def validate(launch: Launch, limits: DeviceLimits) -> None:
-    """Reject a launch that would be wrong or undefined on the device."""
+    """Reject a launch that would be wrong or undefined on the device: its geometry (checked once
+    per planned launch and device) and its outputs' overlap with its inputs."""
+    planned = launch.planned or launch
+    if planned.valid_on is not limits:
+        _validate_geometry(planned, limits)
+        planned.valid_on = limits
+    for out in launch.outputs:
+        o0, o1 = _span(out)
+        for t in launch.inputs:
+            i0, i1 = _span(t)
+            if o0 < i1 and i0 < o1:
+                raise ValueError(f"{launch.kernel}: an output overlaps an input (outputs must be fresh)")
+
+
+def _validate_geometry(launch: Launch, limits: DeviceLimits) -> None:
     gx, gy, gz = launch.grid
     if launch.one_d_grid and (gy != 1 or gz != 1):
         raise ValueError(f"{launch.kernel}: this program needs a 1-D grid, got grid {launch.grid}")
@@ -98,12 +147,6 @@ def validate(launch: Launch, limits: DeviceLimits) -> None:
         )
     if not launch.index_64 and launch.max_offset >= 2**31:
         raise ValueError(f"{launch.kernel}: offsets up to {launch.max_offset} need 64-bit indexing")
-    if launch.outputs:
-        ins = [_span(t) for t in launch.inputs]
-        for out in launch.outputs:
-            o0, o1 = _span(out)
-            if any(o0 < i1 and i0 < o1 for i0, i1 in ins):
-                raise ValueError(f"{launch.kernel}: an output overlaps an input (outputs must be fresh)")
 
 
 def available() -> bool:
@@ -229,18 +272,8 @@ _params = _ParamBuffer()
 
 
 def pack_args(spec: Launch, into) -> None:
-    """Write ``spec.args`` into ``into`` in the order of the kernel's argument struct, as 8-byte
-    values (tensor: its address, None: 0, int: itself)."""
-    fields = kernels.ARGS[spec.kernel.partition("<")[0]]
-    args = spec.args
-    try:
-        if len(args) != len(fields):
-            raise KeyError
-        for i, name in enumerate(fields):
-            a = args[name]
-            into[i] = a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a
-    except KeyError:
-        raise ValueError(f"{spec.kernel}: arguments {sorted(args)} do not match the struct's fields {fields}") from None
+    """Write the launch's argument struct, with its tensors' addresses, into the 8-byte slots ``into``."""
+    spec.args.pack(into, spec.tensors)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value

@@ -52,11 +52,12 @@ def weight_2d(weight: object, C: int | None = None) -> torch.Tensor:
     return w
 
 
-def row_stride(t: torch.Tensor) -> int | None:
+def row_stride(t: torch.Tensor, repeated: bool = False) -> int | None:
     """Elements between consecutive packed tokens of a (S, C) or (B, L, C) tensor.
 
     None when the kernels cannot read it in place: channel stride != 1, tokens not evenly spaced,
-    or rows overlapping (token stride < C).
+    or rows overlapping (token stride < C); with ``repeated``, a token stride of 0 (one row for
+    every token: ``expand`` of a (C,) tensor, as the gradient of ``y.sum(0)``) is read in place too.
     """
     C = t.shape[-1]
     if t.is_contiguous():
@@ -73,7 +74,7 @@ def row_stride(t: torch.Tensor) -> int | None:
                 return None
         else:
             rs = t.stride(0) if B > 1 else C
-    return rs if rs >= C else None
+    return rs if rs >= C or repeated and rs == 0 else None
 
 
 def check_x_layout(x: torch.Tensor) -> None:
@@ -181,9 +182,7 @@ def check_inputs(
             "no initial_states",
         )
 
-    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
-    _check_contents(doc)
-    return w, silu, doc
+    return w, silu, checked_doc(x, seq_idx, cu_seqlens, initial_states)
 
 
 def values_checked(t: torch.Tensor) -> bool:
@@ -194,10 +193,17 @@ def values_checked(t: torch.Tensor) -> bool:
     return not t.is_cuda or (config.check_documents() and not torch.cuda.is_current_stream_capturing())
 
 
-def _check_contents(doc: DocTable) -> None:
-    """Value checks of the document table, where :func:`values_checked` allows them."""
-    if doc.table is None or not values_checked(doc.table):
-        return
-    message = check_table_contents(doc)
-    if message is not None:
-        raise ValueError(message)
+def checked_doc(
+    x: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+) -> DocTable:
+    """The document table of checked arguments, its values checked where :func:`values_checked`
+    allows (every call: the values may change between calls of one signature)."""
+    doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
+    if doc.table is not None and values_checked(doc.table):
+        message = check_table_contents(doc)
+        if message is not None:
+            raise ValueError(message)
+    return doc

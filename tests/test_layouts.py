@@ -212,8 +212,10 @@ def _call(case: Case, x, weight, bias, init, docs: dict, program: str):
 
 
 def _program_choices(monkeypatch) -> list[tuple[str, str]]:
-    """From now on, the (direction, program argument) of each program choice of the op."""
+    """From now on, the (direction, program argument) of each program choice of the op (an empty
+    cache of eager calls: a call of a signature seen before would choose nothing)."""
     seen, choose = [], ops.choose
+    monkeypatch.setattr(ops, "EAGER_CALLS", {})
 
     def spy(direction, *args):
         seen.append((direction, args[-1]))

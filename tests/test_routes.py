@@ -180,6 +180,7 @@ def test_eager_call_resolves_the_program_environment_once(monkeypatch):
     seen = []
     real = ops.choose
     monkeypatch.setattr(ops, "choose", lambda d, *a: seen.append((d, a[-1])) or real(d, *a))
+    monkeypatch.setattr(ops, "EAGER_CALLS", {})  # no call of this signature seen before
     x = torch.randn(40, 8, requires_grad=True)
     w = torch.randn(8, 4, requires_grad=True)
     for env, want in (("reference", "reference"), (None, ops.ROUTED)):

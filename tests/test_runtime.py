@@ -188,7 +188,7 @@ def _struct_fields(struct: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("kernel", sorted(STRUCTS))
 def test_host_fields_are_the_structs_fields_in_order_and_eight_bytes_each(kernel):
-    """runtime.pack_args writes kernels.ARGS[kernel] in order as 8-byte slots: the struct must
+    """runtime.Args packs kernels.ARGS[kernel] in order as 8-byte slots: the struct must
     declare the same fields in the same order, each a pointer or a long long."""
     fields = _struct_fields(STRUCTS[kernel])
     assert [name for _, name in fields] == list(kernels.ARGS[kernel])
@@ -226,12 +226,14 @@ def test_launch_args_fill_the_struct(direction, S):
     assert [launch.programmatic for launch in rec.launches] == [False, True][: len(names)]
     for launch, name in zip(rec.launches, names):
         types = dict((field, ctype) for ctype, field in _struct_fields(STRUCTS[name]))
-        assert set(launch.args) == set(types)
-        for field, value in launch.args.items():
-            if isinstance(value, torch.Tensor) or value is None:
-                assert types[field].endswith("*"), (field, value)
-            else:
-                assert type(value) is int and types[field] == "long long", (field, value)
+        args = launch.args  # integer fields, and the pointers a plan leaves null; the call's tensors
+        assert set(args.tensors) | set(args.ints) == set(types) and len(launch.tensors) == len(args.tensors)
+        for field, value in zip(args.tensors, launch.tensors):
+            assert types[field].endswith("*") and (value is None or isinstance(value, torch.Tensor)), (field, value)
+            assert (value is None) == (field in args.ints), field
+        for field, value in args.ints.items():
+            assert type(value) is int, (field, value)
+            assert types[field] == "long long" or types[field].endswith("*") and value == 0, (field, value)
 
 
 @pytest.mark.parametrize("capability,driver,want", [((9, 0), 13000, True), ((9, 0), 12020, False), ((8, 0), 13000, False)])
@@ -272,15 +274,16 @@ def test_launch_config_structures_match_cuda_h():
 def test_pack_args_writes_addresses_zeros_and_ints_in_field_order():
     import ctypes
 
-    from conv1d_silu.runtime import pack_args
+    from conv1d_silu.runtime import Args, pack_args
 
     t = torch.zeros(3)
-    slots = (ctypes.c_int64 * 7)()
-    args = dict(levels=2**40, dw=t, workspace=None, db=None, accumulate=1, C=7, n_nodes=9)
-    pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args=args), slots)
+    slots = (ctypes.c_int64 * 7)(*range(1, 8))
+    ints = dict(levels=2**40, accumulate=1, C=7, n_nodes=9)
+    args = Args("conv1d_silu_fold", ("dw", "workspace", "db"), workspace=0, db=0, **ints)  # null pointers
+    pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args=args, tensors=(t, None, None)), slots)
     assert list(slots) == [0, t.data_ptr(), 0, 1, 7, 9, 2**40]
     with pytest.raises(ValueError, match="fields"):
-        pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args={**args, "extra": 1}), slots)
+        Args("conv1d_silu_fold", ("dw", "workspace", "db"), **ints, extra=1)
 
 
 def test_prepare_smem_raises_the_limit_once_on_objects_without_attributes(monkeypatch):

@@ -3,8 +3,9 @@ GPU is idle; prints the per-call CPU time next to PyTorch's (x * 2).sum().backwa
 
     python3 tools/host_profile.py [--noop] [--calls N]
 
-Without a GPU (or with --noop) the kernels' launches go to a launcher that does nothing, on CPU
-tensors routed as on sm_90: the whole host path but the driver call, on any machine.
+Without a GPU (or with --noop) the kernels' launches go to a launcher that validates and packs
+them but launches nothing, on CPU tensors routed as on sm_90: the whole host path but the driver
+call, on any machine; a second measurement stops where the launcher is entered.
 """
 
 from __future__ import annotations
@@ -20,22 +21,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conv1d_silu import gpu, ops  # noqa: E402
+from conv1d_silu import gpu, ops, runtime  # noqa: E402
 from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 
 
+LIMITS = runtime.DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
+
+
 class NoLaunch(gpu.Launcher):
-    """Plans and packs every launch but returns where the driver would be entered (132 SMs as on
-    the H100 and H200, two CTAs per SM), so the whole host path runs on any machine."""
+    """Plans, validates and packs every launch as ``runtime.launch`` does, then returns where the
+    compiled kernel would be looked up and the driver entered (an H100's limits: 132 SMs, two CTAs
+    per SM), so the whole host path runs on any machine. ``checks=False`` returns at once: the path
+    up to the launcher."""
+
+    def __init__(self, checks: bool = True):
+        self.checks = checks
 
     def sm_count(self, device) -> int:
-        return 132
+        return LIMITS.sm_count
 
     def max_active_blocks(self, launch, device) -> int:
         return 2
 
     def __call__(self, launch, device) -> None:
-        pass
+        if self.checks:
+            runtime.validate(launch, LIMITS)
+            runtime.pack_args(launch, runtime._params.slots)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,16 +55,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=300, help="forward + backward calls timed, and again profiled")
     args = p.parse_args(argv)
     if args.noop or not torch.cuda.is_available():
+        cpu = torch.device("cpu")
         with ops.use_launcher(NoLaunch(), emulate_arch="sm_90"):
-            profile(torch.device("cpu"), args.calls)
+            times = host_overhead_us(cpu, iters=args.calls)
+        with ops.use_launcher(NoLaunch(checks=False), emulate_arch="sm_90"):
+            bare = host_overhead_us(cpu, iters=args.calls)
+        report(times, bare)
+        with ops.use_launcher(NoLaunch(), emulate_arch="sm_90"):
+            profile(cpu, args.calls)
     else:
+        report(host_overhead_us(torch.device("cuda"), iters=args.calls))
         profile(torch.device("cuda"), args.calls)
 
 
-def profile(device: torch.device, calls: int) -> None:
-    times = host_overhead_us(device, iters=calls)
+def report(times: dict[str, float], bare: dict[str, float] | None = None) -> None:
     print(f"theirs: {times['torch_x2_sum_backward']:.1f} us CPU per call")
     print(f"ours: {times['conv1d_silu_fwd_bwd']:.1f} us CPU per call (ratio {times['ratio']:.2f})")
+    if bare is not None:  # measured apart, each against PyTorch's line of its own rounds
+        ours, theirs = bare["conv1d_silu_fwd_bwd"], bare["torch_x2_sum_backward"]
+        print(f"ours up to the launcher (returning at once): {ours:.1f} us CPU per call "
+              f"(ratio {bare['ratio']:.2f}; theirs {theirs:.1f})")
+
+
+def profile(device: torch.device, calls: int) -> None:
     ours = tiny_steps(device)["conv1d_silu_fwd_bwd"]
     prof = cProfile.Profile()
     prof.enable()
