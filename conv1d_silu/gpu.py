@@ -499,3 +499,60 @@ def backward(
         )
     return dx, dw, db, dinit
 
+
+
+UPDATE_BLOCK = 128  # threads per CTA of the decoding step: one (batch row, channel) each
+
+
+def _int32_indices(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or t.dtype == torch.int32 else t.to(torch.int32)
+
+
+def update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    cache_seqlens: torch.Tensor | None,
+    conv_state_indices: torch.Tensor | None,
+    launcher: Launcher = CUDA,
+) -> torch.Tensor:
+    """One decoding step (kernels/conv1d_silu_update.cu): out ``(B, C, L)`` with x's strides;
+    conv_state ``(rows, C, state_len)`` is updated in place. Arguments as checked by
+    conv1d_silu.compat.decode; x and the state may have any strides."""
+    B, C, L = x.shape
+    K = weight.shape[1]
+    n = conv_state.shape[2]
+    out = torch.empty_like(x)
+    if B == 0 or C == 0:
+        return out
+    if cache_seqlens is not None and cache_seqlens.dtype != torch.int32:
+        cache_seqlens = torch.remainder(cache_seqlens, n).to(torch.int32)  # int64 values of any size
+    indices = _int32_indices(conv_state_indices)  # checked < conv_state.shape[0]
+    c_blocks = -(-C // UPDATE_BLOCK)
+    kernel = kernels.name_expression(
+        "conv1d_silu_update", x.dtype, weight.dtype, K, bias is not None, silu, cache_seqlens is not None,
+        indices is not None,
+    )
+    launcher(
+        Launch(
+            source="conv1d_silu_update",
+            kernel=kernel,
+            grid=(B * c_blocks, 1, 1),
+            block=UPDATE_BLOCK,
+            smem=0,
+            args=dict(
+                x=x, x_bs=x.stride(0), x_cs=x.stride(1), x_ls=x.stride(2), state=conv_state,
+                state_bs=conv_state.stride(0), state_cs=conv_state.stride(1), state_ls=conv_state.stride(2),
+                state_len=n, w=dense(weight), bias=dense(bias), cache_seqlens=cache_seqlens,
+                state_indices=indices, out=out, out_bs=out.stride(0), out_cs=out.stride(1),
+                out_ls=out.stride(2), C=C, L=L,
+            ),
+            outputs=(out, conv_state),
+            inputs=(x,),
+            index_64=True,
+        ),
+        x.device,
+    )
+    return out
