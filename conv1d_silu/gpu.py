@@ -559,3 +559,50 @@ def _backward_launches(
             "conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, args, programmatic=True
         )
     return launch, fold, (plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets)
+
+
+UPDATE_BLOCK = 128  # threads per CTA of the decoding step: one (batch row, channel) each
+UPDATE_TENSORS = ("x", "state", "w", "bias", "cache_seqlens", "state_indices", "out")
+
+
+def update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    cache_seqlens: torch.Tensor | None,
+    conv_state_indices: torch.Tensor | None,
+    launcher: Launcher = CUDA,
+) -> torch.Tensor:
+    """One decoding step (kernels/conv1d_silu_update.cu): out ``(B, C, L)`` with x's strides;
+    conv_state ``(rows, C, state_len)`` is updated in place. Arguments as checked by
+    conv1d_silu.compat.decode; x and the state may have any strides."""
+    B, C, L = x.shape
+    K = weight.shape[1]
+    n = conv_state.shape[2]
+    out = torch.empty_like(x)
+    if B == 0 or C == 0:
+        return out
+    if cache_seqlens is not None and cache_seqlens.dtype != torch.int32:
+        cache_seqlens = torch.remainder(cache_seqlens, n).to(torch.int32)  # int64 values of any size
+    indices = conv_state_indices  # checked < conv_state.shape[0]
+    if indices is not None and indices.dtype != torch.int32:
+        indices = indices.to(torch.int32)
+    kernel = kernels.name_expression(
+        "conv1d_silu_update", x.dtype, weight.dtype, K, bias is not None, silu, cache_seqlens is not None,
+        indices is not None,
+    )
+    args = Args(
+        "conv1d_silu_update", UPDATE_TENSORS,
+        **_nulls(bias=bias is not None, cache_seqlens=cache_seqlens is not None, state_indices=indices is not None),
+        x_bs=x.stride(0), x_cs=x.stride(1), x_ls=x.stride(2), state_bs=conv_state.stride(0),
+        state_cs=conv_state.stride(1), state_ls=conv_state.stride(2), state_len=n, out_bs=out.stride(0),
+        out_cs=out.stride(1), out_ls=out.stride(2), C=C, L=L,
+    )
+    planned = Launch(
+        "conv1d_silu_update", kernel, (B * -(-C // UPDATE_BLOCK), 1, 1), UPDATE_BLOCK, 0, args, index_64=True
+    )
+    tensors = (x, conv_state, dense(weight), dense(bias), cache_seqlens, indices, out)
+    launcher(planned.bind(tensors, (out, conv_state), (x,)), x.device)
+    return out

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from . import ops
 from .api import causal_conv1d_silu
 from .layout import LAYOUTS
 from .routes import PROGRAMS
@@ -146,9 +147,10 @@ class CausalConv1dSiLU(nn.Module):
         K-1 tokens are the window; the cache shifts by one and x becomes its last token).
 
         Returns y_t of x's shape: exactly (bitwise) what ``forward`` gives for this token after
-        the tokens the cache holds, since it runs the same op with the window as initial states.
-        Cost: one forward launch plus a shift of the cache; a one-launch decode kernel (graph
-        capturable, cache update fused) is planned.
+        the tokens the cache holds. On CUDA, outside autograd, a step is one launch of the decoding
+        kernel (graph capturable, the cache updated in it), which sums the taps as the forward
+        kernel does; otherwise it runs the forward op with the window as initial states (so a
+        step that needs gradients records them) and shifts the cache.
         """
         C, K = self._channels, self._width
         if not isinstance(x, torch.Tensor):
@@ -169,6 +171,13 @@ class CausalConv1dSiLU(nn.Module):
         if cache.device != x.device:
             fail("cache", f"a tensor on {x.device} (the device of x)", cache.device)
         x_t = x.reshape(B, 1, C)
+        grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if not grads and self.program is None and ops.step_kernel(x):
+            w = self.weight.detach()[:, 0]
+            b = None if self.bias is None else self.bias.detach()
+            silu = activation_flag(self.activation)
+            y = ops.update(x_t.transpose(1, 2), tokens.transpose(1, 2), w, b, silu, None, None)
+            return y.reshape(x.shape)
         window = tokens[:, tokens.shape[1] - (K - 1):]
         # a recorded backward reads the window after the cache has moved on: give it a copy
         y = self._op(x_t, "BLC", initial_states=window.clone() if torch.is_grad_enabled() else window)

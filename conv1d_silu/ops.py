@@ -10,6 +10,7 @@ Ops (namespace ``conv1d_silu``):
 * ``fwd``            -> (y, final_states)            final_states is (0, K-1, C) when not asked for
 * ``bwd``            -> (dx, dweight, dbias, dinitial) absent ones are empty tensors
 * ``bwd_main_grad``  -> (dx, dinitial), adding dweight/dbias into fp32 buffers (mutates them)
+* ``update``         -> out, the decoding step, appending the new tokens to conv_state (mutates it)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import config, gpu, reference, routes
+from . import config, decoding, gpu, reference, routes
 from .documents import DocTable, doc_table, num_documents
 from .runtime import device_index
 from .states import add_final_state_grads
@@ -312,3 +313,45 @@ def bwd_main_grad(
 @bwd_main_grad.register_fake
 def _bwd_main_grad_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, wmg, bmg, silu, program):
     return x.new_empty(x.shape), _dinit_like(x, weight, initial_states)
+
+
+# ---- the decoding step ----------------------------------------------------------------------
+
+
+def step_kernel(x: Tensor) -> bool:
+    """Whether a decoding step on ``x`` runs the CUDA kernel (or its emulator)."""
+    return (x.is_cuda or _emulated_arch is not None) and config.forced_program() != "reference"
+
+
+def update_impl(
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor_, silu: bool, cache_seqlens: Tensor_,
+    conv_state_indices: Tensor_,
+) -> Tensor:
+    """The decoding step: one kernel launch for CUDA tensors, plain PyTorch on the CPU (and with
+    ``CONV1D_SILU_PROGRAM=reference``)."""
+    if step_kernel(x):
+        if x.is_cuda:
+            _cuda_arch(device_index(x.device))  # refuses GPUs below sm_80
+        return gpu.update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, _launcher)
+    return decoding.update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+
+
+@torch.library.custom_op("conv1d_silu::update", mutates_args=("conv_state",))
+def update_op(
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor_, silu: bool, cache_seqlens: Tensor_,
+    conv_state_indices: Tensor_,
+) -> Tensor:
+    """The decoding step as an op: out ``(B, C, L)``; conv_state is updated in place."""
+    return update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+
+
+@update_op.register_fake
+def _update_fake(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices):
+    return torch.empty_like(x)
+
+
+def update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices) -> Tensor:
+    """The decoding step: straight to the launch in eager mode (the dispatcher's round trip would
+    cost more host time than the step's kernel), the custom op while compiling."""
+    run = update_op if torch.compiler.is_compiling() else update_impl
+    return run(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)

@@ -221,3 +221,32 @@ def test_bad_input_is_named_and_nothing_is_written(case):
     with pytest.raises(exc, match=arg):
         causal_conv1d_update(**kwargs)
     assert torch.equal(kwargs["conv_state"], before)
+
+
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float16, torch.float32)])
+@pytest.mark.parametrize("width", [2, 3, 4, 8])
+@pytest.mark.parametrize("seqlen", [1, 3])
+@pytest.mark.parametrize("circular", [False, True])
+@pytest.mark.parametrize("bias,silu", [(True, True), (False, False)])
+def test_update_kernel_is_bitwise_the_forward(kernel_backend, dtype, wdtype, width, seqlen, circular, bias, silu):
+    """The decoding kernel sums the taps as the forward kernel does: a step's outputs are bitwise
+    the forward's over the same tokens with the step's window as initial states (channel-first x
+    and state here, channel-last in the tests above)."""
+    from conv1d_silu import causal_conv1d_silu
+
+    dev = kernel_backend.device
+    g = torch.Generator().manual_seed(width * 7 + seqlen)
+    state_len = width + 1
+    x = torch.randn(4, 40, seqlen, generator=g).to(dev, dtype)
+    state = torch.randn(4, 40, state_len, generator=g).to(dev, dtype)
+    w = torch.randn(40, width, generator=g).to(dev, wdtype or dtype)
+    b = torch.randn(40, generator=g).to(dev, wdtype or dtype) if bias else None
+    start = torch.tensor([0, 2, 7, 1 << 40], device=dev) if circular else None  # int64, one past int32
+    nxt = [state_len] * 4 if start is None else [int(s) % state_len for s in start]
+    cols = torch.tensor([[(n - (width - 1) + j) % state_len for j in range(width - 1)] for n in nxt], device=dev)
+    window = state.gather(2, cols[:, None, :].expand(4, 40, width - 1))
+    want = causal_conv1d_silu(
+        x, w, b, initial_states=window, activation="silu" if silu else None, layout="BCL"
+    )
+    got = causal_conv1d_update(x, state, w, b, "silu" if silu else None, start)
+    assert torch.equal(got, want)

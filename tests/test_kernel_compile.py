@@ -44,6 +44,15 @@ INSTANCES = {
                         for a in BWD for flat in (False, True)],
     "conv1d_silu_fwd": [kernels.name_expression("conv1d_silu_fwd", *a, pipe_depth(a[2])) for a in FWD],
 }
+# (x, weight, K, bias, silu, circular state, state indices)
+UPDATE = [
+    (bf16, bf16, 4, True, True, False, False),
+    (bf16, f32, 4, True, True, True, True),
+    (f16, f16, 2, False, False, False, True),
+    (f32, f32, 8, True, True, True, False),
+    (f64, f64, 3, True, True, False, False),
+]
+INSTANCES["conv1d_silu_update"] = [kernels.name_expression("conv1d_silu_update", *a) for a in UPDATE]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]

@@ -67,6 +67,7 @@ LOWER = {
     "gpu": {"kernels", "runtime", "routes", "documents", "dtypes"},
     "routes": {"config"},
     "reference": {"documents", "dtypes", "states", "validation"},
+    "decoding": {"dtypes"},
 }
 
 

@@ -175,7 +175,11 @@ def test_cuda_tensor_without_cupy_names_the_extra(monkeypatch):
         runtime._cupy.cache_clear()
 
 
-STRUCTS = {"conv1d_silu_fwd": "FwdArgs", "conv1d_silu_bwd": "BwdArgs", "conv1d_silu_fold": "FoldArgs"}
+STRUCTS = {
+    "conv1d_silu_fwd": "FwdArgs", "conv1d_silu_bwd": "BwdArgs", "conv1d_silu_fold": "FoldArgs",
+    "conv1d_silu_update": "UpdateArgs",
+}
+SOURCE_OF = {"conv1d_silu_fold": "conv1d_silu_bwd"}  # the fold lives beside the backward
 
 
 def _struct_fields(struct: str) -> list[tuple[str, str]]:
@@ -198,14 +202,13 @@ def test_host_fields_are_the_structs_fields_in_order_and_eight_bytes_each(kernel
 
 @pytest.mark.parametrize("kernel", sorted(STRUCTS))
 def test_each_kernel_takes_its_struct_alone(kernel):
-    source = "conv1d_silu_fwd" if kernel == "conv1d_silu_fwd" else "conv1d_silu_bwd"
-    text = kernels.source(source)
+    text = kernels.source(SOURCE_OF.get(kernel, kernel))
     signature = re.search(rf"__global__ void __launch_bounds__\(\d+\) {kernel}\(([^)]*)\)", text)
     assert signature is not None
     assert re.fullmatch(rf"const (__grid_constant__ )?c1s::{STRUCTS[kernel]} a", signature.group(1)), signature.group(1)
 
 
-@pytest.mark.parametrize("direction,S", [("fwd", 100), ("bwd", 100), ("bwd", 5000)])
+@pytest.mark.parametrize("direction,S", [("fwd", 100), ("bwd", 100), ("bwd", 5000), ("update", 3)])
 def test_launch_args_fill_the_struct(direction, S):
     """At 5000 tokens the backward's CTAs write 20 tree nodes: a second, programmatic launch folds
     the levels above them (conv1d_silu_fold)."""
@@ -217,7 +220,10 @@ def test_launch_args_fill_the_struct(direction, S):
     x = torch.randn(S, 8)
     w = torch.randn(8, 4)
     doc = doc_table(x, None, None, None)
-    if direction == "fwd":
+    if direction == "update":
+        state, lens, rows = torch.randn(4, 8, 5), torch.tensor([3, 9], dtype=torch.int32), torch.tensor([2, -1])
+        gpu.update(torch.randn(2, 8, S), state, w, None, True, lens, rows, launcher=rec)
+    elif direction == "fwd":
         gpu.forward(x, w, None, doc, None, False, True, routes.PROGRAMS["fwd_rows"], 8, launcher=rec)
     else:
         gpu.backward(torch.randn_like(x), 8, x, 8, w, None, doc, None, True, torch.float32, routes.PROGRAMS["rowgroup"], launcher=rec)

@@ -36,6 +36,12 @@ struct BwdArgs {
   long long C; long long tile_v; long long n_ctiles; long long n_units; long long root_level;
   const void* next_x; const void* next_dy; long long n_next; long long n_vec; long long split;
 };
+struct UpdateArgs {
+  const void* x; long long x_bs; long long x_cs; long long x_ls; void* state; long long state_bs;
+  long long state_cs; long long state_ls; long long state_len; const void* w; const void* bias;
+  const int* cache_seqlens; const int* state_indices; void* out; long long out_bs; long long out_cs;
+  long long out_ls; long long C; long long L;
+};
 struct FoldArgs {
   const void* workspace; void* dw; void* db; long long accumulate; long long C; long long n_nodes;
   long long levels;
