@@ -62,6 +62,41 @@ def padding_case() -> int:
     return len(PROGRAMS)
 
 
+def decode_cases() -> int:
+    """The decoding kernel: shifted and circular states, padding rows, more new tokens than state
+    columns, channel-last and channel-first states; each against the PyTorch step on the same GPU
+    tensors (outputs close, states equal)."""
+    from conv1d_silu.compat import causal_conv1d_update
+    from conv1d_silu.decoding import update as step_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n = 0
+    for dtype, K, L, state_len, circular, indexed, channel_last in [
+        (torch.bfloat16, 4, 1, 3, False, False, True),
+        (torch.bfloat16, 4, 1, 6, True, True, False),
+        (torch.float32, 3, 9, 4, False, True, False),
+        (torch.float32, 8, 9, 7, True, False, True),
+        (torch.float16, 2, 2, 1, False, False, False),
+    ]:
+        B, C, rows = 5, 200, 8
+
+        def rnd(*shape):
+            return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+        x = rnd(B, L, C).transpose(1, 2) if channel_last else rnd(B, C, L)
+        state = rnd(rows if indexed else B, state_len, C).transpose(1, 2) if channel_last else rnd(rows if indexed else B, C, state_len)
+        w, b = rnd(C, K), rnd(C)
+        lens = torch.tensor([0, 3, 8, 1 << 33, 5], device="cuda") if circular else None
+        idx = torch.tensor([6, -1, 0, 3, -1], dtype=torch.int32, device="cuda") if indexed else None
+        want_state = state.clone()
+        want = step_reference(x, want_state, w, b, True, lens, idx)
+        got = causal_conv1d_update(x, state, w, b, "silu", lens, idx)
+        assert_close(got, want, dtype, f"decode {dtype} K={K} L={L} out")
+        assert torch.equal(state, want_state), f"decode {dtype} K={K} L={L} state"
+        n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     if "--list" in (sys.argv[1:] if argv is None else argv):
         for i, spec in enumerate(CASES):
@@ -92,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                     assert_close(g, r.reshape(g.shape), name=f"case {i} {program} {name}")
             n += 1
     n += padding_case()
+    steps = decode_cases()
     torch.cuda.synchronize()
-    print(f"sanitize_cases: {n} forward+backward runs checked")
+    print(f"sanitize_cases: {n} forward+backward runs and {steps} decoding steps checked")
     return 0
 
 
