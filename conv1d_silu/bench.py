@@ -726,6 +726,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check-determinism", action="store_true", default=True)
     p.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
     p.add_argument("--max-eager-elems", type=int, default=2**31, help="skip eager baselines above S*C")
+    p.add_argument("--decode", action="store_true",
+                   help="the decoding step instead (causal_conv1d_update at B = 1, 64, 256; --dtype and -K apply, "
+                        "C = 5120; see conv1d_silu/bench_decode.py)")
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--csv")
@@ -748,8 +751,28 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+def _decode(args) -> dict:
+    from . import bench_decode
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    rows = bench_decode.run(device, K=args.K, dtype=dtype, **({} if device.type == "cuda" else {"calls": 50}))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    text = bench_decode.markdown(rows, name)
+    print(text)
+    result = {"decode": rows, "device": name, "commit": os.environ.get("CONV1D_SILU_COMMIT", "")}
+    if args.json:
+        write_json(result, args.json)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
+    if args.decode:
+        return _decode(args)
     peers = [_load(path) for path in args.peers]  # before a run: a missing file fails fast
     if args.from_json:
         result = merge_results([_load(path) for path in args.from_json])

@@ -304,3 +304,16 @@ def test_the_committed_results_load_and_plot(files, tmp_path):
     assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
     if "--peers" in files:
         assert "vs fla_triton" in text
+
+
+def test_decode_mode_runs_the_step_and_reports_it(tmp_path):
+    """--decode times causal_conv1d_update (on the CPU here: the CPU step's wall time per call)."""
+    from conv1d_silu import bench_decode
+
+    rows = bench_decode.run(torch.device("cpu"), C=64, batches=(1, 3), calls=3)
+    assert [r["B"] for r in rows] == [1, 3] and all(r["host_us"] > 0 and r["state_len"] == 4 for r in rows)
+    text = bench_decode.markdown(rows, "CPU")
+    assert "| 3 | 64 | 4 |" in text
+    out = tmp_path / "decode.json"
+    result = bench.main(["--decode", "--cpu", "--json", str(out)])
+    assert result["device"] == "CPU" and len(result["decode"]) == len(bench_decode.BATCHES)
