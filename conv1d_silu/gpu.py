@@ -367,7 +367,7 @@ _reserves: dict[int, _TicketReserve] = {}  # device index -> tickets for capture
 
 
 def backward_scratch(
-    ws_elems: int, ws_dtype: torch.dtype, n_tickets: int, device: torch.device
+    ws_elems: int, ws_dtype: torch.dtype, n_tickets: int, device: torch.device, keep: bool = True
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The backward's workspace (``ws_elems`` of ``ws_dtype``) and tickets (``n_tickets`` int32
     zeros), from buffers kept per (device, stream) between launches; None where none is needed.
@@ -378,19 +378,24 @@ def backward_scratch(
     share the buffers. While a CUDA graph is captured, the workspace is allocated for this call (a
     graph may replay on any stream) and the tickets come from a reserve zeroed ahead
     (:class:`_TicketReserve`); past SCRATCH_KEEP_BYTES a buffer is allocated for the call too.
-    The stream is looked up once for both (a few µs of a slow host's time per lookup).
+    Without ``keep`` (the custom ops, which torch.compile's CUDA graphs run) nothing is kept or
+    topped up: cudagraph trees run a call's warm-up with every allocation in the graph's private
+    pool, and a buffer kept from there outlives the call in that pool. The stream is looked up
+    once for both (a few µs of a slow host's time per lookup).
     """
     if device.type != "cuda":
         where = device.type
     else:
         index = device_index(device)
-        reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
-        if torch.cuda.is_current_stream_capturing():
-            tickets = reserve.take(n_tickets) if n_tickets else None
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing or not keep:
+            reserve = _reserves.get(index) if capturing else None
+            tickets = reserve.take(n_tickets) if n_tickets and reserve is not None else None
             if n_tickets and tickets is None:
                 tickets = torch.zeros(n_tickets, dtype=torch.int32, device=device)
             workspace = torch.empty(ws_elems, dtype=ws_dtype, device=device) if ws_elems else None
             return workspace, tickets
+        reserve = _reserves.get(index) or _reserves.setdefault(index, _TicketReserve())
         if n_tickets and not reserve.holds(n_tickets):
             reserve.top_up(n_tickets, device)
         where = (index, current_stream_ptr(index))
@@ -466,6 +471,7 @@ def backward(
     launcher: Launcher = CUDA,
     trailing: tuple[torch.Tensor, torch.Tensor] | None = None,
     plans: dict | None = None,
+    keep_scratch: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial_states.
 
@@ -473,7 +479,7 @@ def backward(
     into the given buffers (one fp32 add of the canonical sum) and returned. ``trailing`` =
     (x_next, dy_next): up to K-1 tokens after the sequence, in its last document, whose g
     completes dx (context parallelism). ``plans``: as for :func:`forward`, by dy's row stride, the
-    alignment class and the number of trailing tokens.
+    alignment class and the number of trailing tokens. ``keep_scratch``: see :func:`backward_scratch`.
     """
     has_bias = bias is not None
     accumulate = weight_grad_out is not None
@@ -504,7 +510,7 @@ def backward(
             plans[key] = planned
     launch, fold, scratch = planned
     device = x.device
-    workspace, tickets = backward_scratch(*scratch, device)
+    workspace, tickets = backward_scratch(*scratch, device, keep_scratch)
     tensors = (
         x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace, tickets, next_x, next_dy
     )

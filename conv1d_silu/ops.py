@@ -174,10 +174,11 @@ def backward_impl(
     bias_grad_out: Tensor | None = None,
     trailing: tuple[Tensor, Tensor] | None = None,
     route: Route | None = None,
+    keep_scratch: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """dx, dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias grads are
     added into the given fp32 buffers instead. ``trailing``: see gpu.backward. ``route``: as for
-    :func:`forward_impl`."""
+    :func:`forward_impl`. ``keep_scratch``: see gpu.backward_scratch."""
     if route is None:
         fp32_grads = _fp32_grads(grad_dtype, weight, weight_grad_out is not None)
         route = Route(None, choose("bwd", x, weight, bias is not None, doc, fp32_grads, program), row_stride(x))
@@ -200,7 +201,7 @@ def backward_impl(
         dy, dy_rs = dy.contiguous(), dy.shape[-1]
     dx, dw, db, dinit = gpu.backward(
         dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog, weight_grad_out,
-        bias_grad_out, _launcher, trailing, route.bwd_plans,
+        bias_grad_out, _launcher, trailing, route.bwd_plans, keep_scratch,
     )
     if dfinal is not None:
         add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])
@@ -274,7 +275,10 @@ def bwd(
     """Backward: dx, dweight (C, K), dbias ((0,) without bias), dinitial ((0, K-1, C) without)."""
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
     grad_dtype = torch.float32 if fp32_grads else weight.dtype
-    dx, dw, db, dinit = backward_impl(dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, program)
+    # nothing kept between calls: torch.compile may run this op in a CUDA graph's memory pool
+    dx, dw, db, dinit = backward_impl(
+        dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, program, keep_scratch=False
+    )
     db = _bias_grad_like(weight, None, grad_dtype) if db is None else db
     return dx, dw, db, _states_like(x, weight) if dinit is None else dinit
 
@@ -305,7 +309,7 @@ def bwd_main_grad(
     doc = doc_table(x, seq_idx, cu_seqlens, initial_states)
     dx, _, _, dinit = backward_impl(
         dy, x, weight, bias, doc, initial_states, dfinal, silu, torch.float32, program,
-        weight_main_grad, bias_main_grad,
+        weight_main_grad, bias_main_grad, keep_scratch=False,
     )
     return dx, _states_like(x, weight) if dinit is None else dinit
 
