@@ -282,8 +282,8 @@ def forward(
         if plans is not None:
             plans[align] = planned
     tensors = (x, dense(weight), dense(bias), doc.table, init, y, final)
-    outputs = (y,) if final is None else (y, final)
-    launcher(planned.bind(tensors, outputs, (x,) if init is None else (x, init)), x.device)
+    # y and final are allocated here, so they cannot overlap an input: no overlap check to pay for
+    launcher(planned.bind(tensors, (), ()), x.device)
     return y, final
 
 
@@ -514,11 +514,13 @@ def backward(
     tensors = (
         x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace, tickets, next_x, next_dy
     )
-    if init is None and next_x is None:
-        outputs, inputs = (dx,), (x, dy)
-    else:
-        outputs = (dx,) if dinit is None else (dx, dinit)
+    # dx, dinit and unless accumulating dw / db are allocated here: only main_grad buffers, the
+    # caller's, could overlap an input, so only they pay for the overlap check
+    if accumulate:
+        outputs = (dw,) if db is None else (dw, db)
         inputs = tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None)
+    else:
+        outputs = inputs = ()
     launcher(launch.bind(tensors, outputs, inputs), device)
     if fold is not None:
         launcher(fold.bind((workspace, dw, db), (), ()), device)
