@@ -250,3 +250,21 @@ def test_update_kernel_is_bitwise_the_forward(kernel_backend, dtype, wdtype, wid
     )
     got = causal_conv1d_update(x, state, w, b, "silu" if silu else None, start)
     assert torch.equal(got, want)
+
+
+def test_update_compiles_as_a_mutating_op(backend):
+    """Under torch.compile the step is the custom op conv1d_silu::update, which mutates conv_state:
+    the compiled step gives eager's output and state."""
+    dev = backend.device
+    g = torch.Generator().manual_seed(13)
+    x, state, w, b = _case(dev, 3, 8, 4, 2, 5, gen=g)
+    start = torch.tensor([1, 4, 9], dtype=torch.int32, device=dev)
+    want_state = state.clone()
+    want = causal_conv1d_update(x, want_state, w, b, "silu", start)
+
+    def step(x, state):
+        return causal_conv1d_update(x, state, w, b, "silu", start)
+
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend="eager" if backend.name == "emu" else "inductor")(x, state)
+    assert torch.equal(got, want) and torch.equal(state, want_state)
