@@ -164,7 +164,9 @@ def check_table_contents(doc: DocTable) -> str | None:
     real = ~pad[:, 1:]
     unordered = (real & (seq[:, 1:] < last)).any()
     rejoined = (real & pad[:, :-1] & (seq[:, 1:] == last)).any()  # a document continuing across padding
-    hi, unordered, rejoined = torch.stack([seq.max(), unordered.long(), rejoined.long()]).tolist()
+    lo, hi, unordered, rejoined = torch.stack([seq.min(), seq.max(), unordered.long(), rejoined.long()]).tolist()
+    if lo < -(2**31):  # the kernels read int32: a lower id would wrap to a document id
+        return f"seq_idx: expected values >= -2**31 (negative: padding), got {lo}"
     if unordered:
         return "seq_idx: expected non-decreasing values within each sequence (negative values mark padding)"
     if rejoined:

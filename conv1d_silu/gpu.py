@@ -592,11 +592,12 @@ def update(
     out = torch.empty_like(x)
     if B == 0 or C == 0:
         return out
+    # the kernel reads int32 index tensors densely (index b at offset b): any other strides or an
+    # int64 tensor is converted first (int64 cache_seqlens of any size reduced mod state_len)
     if cache_seqlens is not None and cache_seqlens.dtype != torch.int32:
-        cache_seqlens = torch.remainder(cache_seqlens, n).to(torch.int32)  # int64 values of any size
-    indices = conv_state_indices  # checked < conv_state.shape[0]
-    if indices is not None and indices.dtype != torch.int32:
-        indices = indices.to(torch.int32)
+        cache_seqlens = torch.remainder(cache_seqlens, n).to(torch.int32)
+    cache_seqlens = dense(cache_seqlens)
+    indices = dense(None if conv_state_indices is None else conv_state_indices.to(torch.int32))
     kernel = kernels.name_expression(
         "conv1d_silu_update", x.dtype, weight.dtype, K, bias is not None, silu, cache_seqlens is not None,
         indices is not None,

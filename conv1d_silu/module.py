@@ -11,7 +11,7 @@ from . import ops
 from .api import causal_conv1d_silu
 from .layout import LAYOUTS
 from .routes import PROGRAMS
-from .validation import activation_flag, fail
+from .validation import activation_flag, check_weight_for, fail
 
 
 class CausalConv1dSiLU(nn.Module):
@@ -171,9 +171,11 @@ class CausalConv1dSiLU(nn.Module):
         if cache.device != x.device:
             fail("cache", f"a tensor on {x.device} (the device of x)", cache.device)
         x_t = x.reshape(B, 1, C)
-        grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        params = (self.weight,) if self.bias is None else (self.weight, self.bias)
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params))
         if not grads and self.program is None and ops.step_kernel(x):
             w = self.weight.detach()[:, 0]
+            check_weight_for(w, x)
             b = None if self.bias is None else self.bias.detach()
             silu = activation_flag(self.activation)
             y = ops.update(x_t.transpose(1, 2), tokens.transpose(1, 2), w, b, silu, None, None)

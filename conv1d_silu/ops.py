@@ -336,7 +336,10 @@ def update_impl(
     if step_kernel(x):
         if x.is_cuda:
             _cuda_arch(device_index(x.device))  # refuses GPUs below sm_80
-        return gpu.update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, _launcher)
+        out = gpu.update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, _launcher)
+        # the kernel writes the state behind autograd's back: a graph that saved it must see the change
+        torch.autograd.graph.increment_version(conv_state)
+        return out
     return decoding.update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
 
 

@@ -52,6 +52,16 @@ def weight_2d(weight: object, C: int | None = None) -> torch.Tensor:
     return w
 
 
+def check_weight_for(w: torch.Tensor, x: torch.Tensor) -> None:
+    """The (C, K) weight goes with x: same device, a floating dtype, float64 with float64 x (the
+    kernels convert 16-bit and fp32 weights for fp32 arithmetic only)."""
+    _same_device("weight", w, x)
+    if w.dtype not in FLOAT_DTYPES:
+        fail("weight", "a floating dtype", w.dtype, TypeError)
+    if x.dtype == torch.float64 and w.dtype != torch.float64:
+        fail("weight", "float64 with float64 x", w.dtype, TypeError)
+
+
 def row_stride(t: torch.Tensor, repeated: bool = False) -> int | None:
     """Elements between consecutive packed tokens of a (S, C) or (B, L, C) tensor.
 
@@ -114,11 +124,7 @@ def check_inputs(
         fail("x", "at least one channel (x.shape[-1] >= 1)", C)
     check_x_layout(x)
     w = weight_2d(weight, C)
-    _same_device("weight", w, x)
-    if w.dtype not in FLOAT_DTYPES:
-        fail("weight", "a floating dtype", w.dtype, TypeError)
-    if x.dtype == torch.float64 and w.dtype != torch.float64:
-        fail("weight", "float64 with float64 x", w.dtype, TypeError)
+    check_weight_for(w, x)
     if bias is not None:
         bias = _tensor("bias", bias)
         _same_device("bias", bias, x)

@@ -225,18 +225,18 @@ def test_bad_input_is_named_and_nothing_is_written(case):
 
 @pytest.mark.parametrize("dtype,wdtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float16, torch.float32)])
 @pytest.mark.parametrize("width", [2, 3, 4, 8])
-@pytest.mark.parametrize("seqlen", [1, 3])
+@pytest.mark.parametrize("seqlen,extra", [(1, 2), (3, 0), (12, 1)])  # state_len = width - 1 + extra
 @pytest.mark.parametrize("circular", [False, True])
 @pytest.mark.parametrize("bias,silu", [(True, True), (False, False)])
-def test_update_kernel_is_bitwise_the_forward(kernel_backend, dtype, wdtype, width, seqlen, circular, bias, silu):
+def test_update_kernel_is_bitwise_the_forward(kernel_backend, dtype, wdtype, width, seqlen, extra, circular, bias, silu):
     """The decoding kernel sums the taps as the forward kernel does: a step's outputs are bitwise
     the forward's over the same tokens with the step's window as initial states (channel-first x
-    and state here, channel-last in the tests above)."""
+    and state here, channel-last in the tests above); 12 new tokens pass a whole state."""
     from conv1d_silu import causal_conv1d_silu
 
     dev = kernel_backend.device
     g = torch.Generator().manual_seed(width * 7 + seqlen)
-    state_len = width + 1
+    state_len = width - 1 + extra
     x = torch.randn(4, 40, seqlen, generator=g).to(dev, dtype)
     state = torch.randn(4, 40, state_len, generator=g).to(dev, dtype)
     w = torch.randn(40, width, generator=g).to(dev, wdtype or dtype)
@@ -268,3 +268,36 @@ def test_update_compiles_as_a_mutating_op(backend):
     torch._dynamo.reset()
     got = torch.compile(step, fullgraph=True, backend="eager" if backend.name == "emu" else "inductor")(x, state)
     assert torch.equal(got, want) and torch.equal(state, want_state)
+
+
+@pytest.mark.parametrize("circular", [False, True])
+def test_update_reads_strided_and_expanded_index_tensors(backend, circular):
+    """Index tensors are read by value whatever their strides: stepped slices of cache_seqlens and
+    conv_state_indices, and an expanded padding index (each would be misread if taken densely)."""
+    dev = backend.device
+    g = torch.Generator().manual_seed(17)
+    x, big, w, b = _case(dev, 2, 8, 4, 1, 4, entries=6, gen=g)
+    start = torch.tensor([3, 99, 6, 99], dtype=torch.int32, device=dev)[::2] if circular else None
+    dense_start = None if start is None else start.contiguous()
+    for indices in (
+        torch.tensor([4, 9, 1, 9], dtype=torch.int32, device=dev)[::2],
+        torch.tensor([-1], dtype=torch.int32, device=dev).expand(2),
+    ):
+        want_big = big.clone()
+        want = causal_conv1d_update(x, want_big, w, b, "silu", dense_start, indices.contiguous())
+        got = causal_conv1d_update(x, big, w, b, "silu", start, indices)
+        assert torch.equal(got, want) and torch.equal(big, want_big)
+
+
+def test_update_bumps_the_states_version_counter(backend):
+    """The step writes conv_state in place: autograd sees it (a graph that saved the state raises)."""
+    x, state, w, b = _case(backend.device, 2, 8, 4, 1, 3)
+    before = state._version
+    causal_conv1d_update(x, state, w, b, "silu")
+    assert state._version > before
+
+
+def test_update_refuses_a_16_bit_weight_with_float64_x():
+    x, state, w, b = _case("cpu", 2, 8, 4, 1, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="weight: expected float64 with float64 x"):
+        causal_conv1d_update(x, state, w.to(torch.bfloat16), None)

@@ -259,6 +259,15 @@ def test_step_records_gradients_through_the_window(layout):
     assert x.grad is not None and m.weight.grad is not None and m.weight.grad.abs().sum() > 0
 
 
+def test_step_records_a_trainable_bias_alone():
+    """A frozen weight and a trainable bias: the step still records the bias gradient."""
+    m = CausalConv1dSiLU(8, 4)
+    m.weight.requires_grad_(False)
+    cache = m.new_cache(2).normal_()
+    m.step(torch.randn(2, 8), cache).sum().backward()
+    assert m.bias.grad is not None and m.bias.grad.abs().sum() > 0
+
+
 def test_step_refuses_bad_inputs():
     m = CausalConv1dSiLU(8, 4)
     cache = m.new_cache(2)

@@ -112,6 +112,10 @@ def test_seq_idx_dtype_shape_and_order():
         _err(ValueError, base(seq_idx=torch.tensor([0] * 5 + [2**31] * 5))),
         """seq_idx: expected values < 2**31, got 2147483648""",
     )
+    assert_expected_inline(  # an int64 padding id below int32's range would wrap to a document id
+        _err(ValueError, base(seq_idx=torch.tensor([0] * 2 + [-(2**32) + 1] * 3 + [1] * 5))),
+        """seq_idx: expected values >= -2**31 (negative: padding), got -4294967295""",
+    )
     assert_expected_inline(
         _err(ValueError, base(seq_idx=torch.zeros(9, dtype=torch.int32))),
         """seq_idx: expected shape (10,) (one entry per token), got (9,)""",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..dtypes import FLOAT_DTYPES
-from ..validation import fail, weight_2d
+from ..validation import check_weight_for, fail, weight_2d
 
 SILU = {None: False, "silu": True, "swish": True}
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -73,9 +73,7 @@ def weight(w: object, x: torch.Tensor) -> torch.Tensor:
     w2 = weight_2d(w)
     if w2.shape[0] != x.shape[1]:
         fail("weight", f"{x.shape[1]} channels (x.shape[1]) in weight.shape[0]", w2.shape[0])
-    tensor("weight", w2, x)
-    if w2.dtype not in FLOAT_DTYPES:
-        fail("weight", "a floating dtype", w2.dtype, TypeError)
+    check_weight_for(w2, x)
     return w2
 
 
