@@ -43,6 +43,15 @@ SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the by
 PLAIN = ("torch_copy", "torch_add")  # the rows of those kernels: the floor ours is held to
 # Without a GPU: two small shapes, and the shape tests/test_cpu_speed.py holds the CPU path to
 CPU_SHAPES = [(4096, 64), (8192, 128), (16384, 256)]
+# --layout BCL: x is (B, C, L) channel-first, as mamba_ssm's Mamba (v1) path and causal-conv1d's
+# primary layout have it; the default shapes are B x L = 8 x 2048, 4 x 8192, 1 x 65536 at C = 256 ..
+# 5120 (S = B * L; a token count without an entry here is one sequence, B = 1)
+BCL_SEQLEN = {16384: 2048, 32768: 8192, 65536: 65536}
+BCL_C = (256, 1024, 2560, 5120)
+
+
+def bcl_shapes() -> list[tuple[int, int]]:
+    return [(s, c) for s in BCL_SEQLEN for c in BCL_C]
 
 
 def default_shapes() -> list[tuple[int, int]]:
@@ -166,6 +175,37 @@ def torch_reference_shifts(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | N
     for k in range(1, K):
         y = y + xp[k : k + S] * w[:, k]
     return F.silu(y if b is None else y + b)
+
+
+def _bcl_impls(args) -> dict[str, Callable]:
+    """The implementations on channel-first (B, C, L) x, each called as its users call it there."""
+    def ours(program):
+        return lambda x, w, b: causal_conv1d_silu(x, w, b, program=program, layout="BCL")
+
+    impls: dict[str, Callable] = {"conv1d_silu": ours(args.program)}
+    for name in args.baseline_programs:
+        impls[f"conv1d_silu[{name}]"] = ours(name)
+    if "eager" in args.baselines:
+        impls["torch_eager"] = lambda x, w, b: F.silu(
+            F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[1] - 1, groups=x.shape[1])[..., : x.shape[2]]
+        )
+    if "compile" in args.baselines:
+        sys.stderr.write("baseline compile skipped: not measured with --layout BCL\n")
+    if "cc1d" in args.baselines:
+        try:
+            from causal_conv1d import causal_conv1d_fn
+
+            impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(x, w, b, activation="silu")
+        except Exception as err:
+            sys.stderr.write(f"baseline cc1d skipped: causal_conv1d not importable ({err!r})\n")
+    if "fla" in args.baselines:
+        try:
+            from fla.modules.convolution import causal_conv1d as fla_conv
+
+            impls["fla_triton"] = lambda x, w, b: fla_conv(x.transpose(1, 2), w, b, activation="silu")[0].transpose(1, 2)
+        except Exception as err:
+            sys.stderr.write(f"baseline fla skipped: flash-linear-attention not importable ({err!r})\n")
+    return impls
 
 
 def _impls(args) -> dict[str, Callable]:
@@ -296,13 +336,26 @@ def _progress(i: int, n: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def shape_inputs(S: int, C: int, K: int, dtype: torch.dtype, device: torch.device):
-    """x, weight, bias (grad-requiring leaves) and dy of one bench shape: random, seeded by the shape."""
+def seqlen(S: int, layout: str) -> int | None:
+    """L of a channel-first shape (``--layout BCL``), None for token-major (S, C)."""
+    if layout != "BCL":
+        return None
+    L = BCL_SEQLEN.get(S, S)
+    if S % L:
+        raise ValueError(f"--layout BCL: {S} tokens are not a whole number of sequences of {L}")
+    return L
+
+
+def shape_inputs(S: int, C: int, K: int, dtype: torch.dtype, device: torch.device, layout: str = "BLC"):
+    """x, weight, bias (grad-requiring leaves) and dy of one bench shape: random, seeded by the shape;
+    x is (S, C), or (B, C, L) channel-first with ``layout="BCL"``."""
     g = torch.Generator(device=device).manual_seed(S * 7919 + C)
-    x = torch.randn(S, C, device=device, dtype=dtype, generator=g).requires_grad_()
+    L = seqlen(S, layout)
+    shape = (S, C) if L is None else (S // L, C, L)
+    x = torch.randn(*shape, device=device, dtype=dtype, generator=g).requires_grad_()
     w = (torch.randn(C, K, device=device, dtype=dtype, generator=g) * 0.5).requires_grad_()
     b = torch.randn(C, device=device, dtype=dtype, generator=g).requires_grad_()
-    dy = torch.randn(S, C, device=device, dtype=dtype, generator=g)
+    dy = torch.randn(*shape, device=device, dtype=dtype, generator=g)
     return x, w, b, dy
 
 
@@ -310,7 +363,7 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     """Every timed call of one (S, C): ours, the baselines, and PyTorch's copy / add."""
     rows: list[Row] = []
     itemsize = torch.tensor([], dtype=dtype).element_size()
-    x, w, b, dy = shape_inputs(S, C, args.K, dtype, device)
+    x, w, b, dy = shape_inputs(S, C, args.K, dtype, device, args.layout)
     xd = x.detach()
     out = torch.empty_like(xd)
     plain_fns = {"copy": lambda: out.copy_(xd), "add": lambda: torch.add(xd, dy, out=out)}
@@ -354,11 +407,15 @@ def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     # becomes a graph memcpy node (the copy engine, ~1.5x slower than the copy kernel)
     eager = Timer(device, args.reps, args.warmup, graph=False)
     bw = copy_bandwidth(device, eager)
-    impls = _impls(args)
-    shapes = args.shapes or (default_shapes() if device.type == "cuda" else CPU_SHAPES)
+    token_major = _impls(args)
+    impls = _bcl_impls(args) if args.layout == "BCL" else token_major
+    default = bcl_shapes() if args.layout == "BCL" else default_shapes()
+    shapes = args.shapes or (default if device.type == "cuda" else CPU_SHAPES)
     shapes = select_part(shapes, args.part)
-    # measured first, so that every partial result written below carries it
-    host = None if args.no_host else host_overhead_us(device, peers={k: v for k, v in impls.items() if k in PEERS})
+    # measured first, so that every partial result written below carries it (token-major calls)
+    host = None if args.no_host else host_overhead_us(
+        device, peers={k: v for k, v in token_major.items() if k in PEERS}
+    )
     run_meta = meta(device, args, bw)
     rows: list[Row] = []
     speedups: list[dict] = []
@@ -418,7 +475,7 @@ def select_part(shapes: list[tuple[int, int]], part: tuple[int, int] | None) -> 
 
 
 # What the parts of one bench must share to be reported as one table.
-SAME_IN_PARTS = ("gpu", "torch", "cupy", "commit", "dtype", "K", "graph", "reps")
+SAME_IN_PARTS = ("gpu", "torch", "cupy", "commit", "dtype", "K", "graph", "reps", "layout")
 
 
 def merge_results(parts: list[dict]) -> dict:
@@ -431,7 +488,7 @@ def merge_results(parts: list[dict]) -> dict:
         return parts[0]
     first = parts[0]["meta"]
     for i, part in enumerate(parts[1:], 2):
-        diff = [k for k in SAME_IN_PARTS if part["meta"].get(k) != first.get(k)]
+        diff = [k for k in SAME_IN_PARTS if _meta_value(part["meta"], k) != _meta_value(first, k)]
         if diff:
             raise ValueError(f"--from-json: part {i} differs from part 1 in {', '.join(diff)}")
     rows: dict[tuple, dict] = {}
@@ -445,8 +502,13 @@ def merge_results(parts: list[dict]) -> dict:
             "rows": sorted(rows.values(), key=by_shape), "speedups": sorted(speedups.values(), key=by_shape)}
 
 
+def _meta_value(meta: dict, key: str):
+    """A run's setting; runs saved before ``layout`` was recorded were token-major."""
+    return meta.get(key, "BLC" if key == "layout" else None)
+
+
 # What a peer run must share with the result it joins: what its rows measured must be comparable.
-SAME_FOR_PEERS = ("gpu", "dtype", "K", "graph")
+SAME_FOR_PEERS = ("gpu", "dtype", "K", "graph", "layout")
 
 
 def add_peers(result: dict, peers: list[dict]) -> dict:
@@ -464,7 +526,7 @@ def add_peers(result: dict, peers: list[dict]) -> dict:
     ours = {(r["S"], r["C"], r["call"]): r for r in rows if r["impl"] == "conv1d_silu"}
     metas = list(result["meta"].get("peers", []))
     for i, peer in enumerate(peers, 1):
-        diff = [k for k in SAME_FOR_PEERS if peer["meta"].get(k) != result["meta"].get(k)]
+        diff = [k for k in SAME_FOR_PEERS if _meta_value(peer["meta"], k) != _meta_value(result["meta"], k)]
         if diff:
             raise ValueError(f"--peers: peer {i} differs from the result in {', '.join(diff)}")
         own = {(s["S"], s["C"], s["call"], s["baseline"]): s for s in peer["speedups"]}
@@ -518,6 +580,7 @@ def meta(device: torch.device, args, bw: float) -> dict:
         "commit": commit,
         "dtype": args.dtype,
         "K": args.K,
+        "layout": args.layout,
         "graph": args.graph,
         "reps": args.reps,
         "copy_bandwidth_TBps": bw / 1e12,
@@ -550,8 +613,9 @@ def _speedup_cell(s: dict) -> str:
 def markdown(result: dict) -> str:
     m = result["meta"]
     floor = _copy_or_add(result["rows"])
+    layout = ", x channel-first (B, C, L), S = B x L" if m.get("layout") == "BCL" else ""
     lines = [
-        (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10]}, {m['dtype']} K={m['K']}, "
+        (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10]}, {m['dtype']} K={m['K']}{layout}, "
          f"copy {m['copy_bandwidth_TBps']:.2f} TB/s, {_timing(m)}, {m.get('reps', '?')} reps per row"),
         "",
         ("µs are medians. copy_ / add: PyTorch's pass over the same bytes (`copy_` for the forward: reads x, "
@@ -718,6 +782,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"],
                    help="of eager, compile, cc1d (causal-conv1d), fla (flash-linear-attention); default: all")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--layout", default="BLC", choices=["BLC", "BCL"],
+                   help="BCL: x channel-first (B, C, L), ours with layout='BCL' and each peer as its users call it "
+                        "there; default shapes B x L = 8 x 2048, 4 x 8192, 1 x 65536 at C = 256, 1024, 2560, 5120")
     p.add_argument("-K", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)

@@ -471,7 +471,7 @@ def main(argv=None) -> None:
         if args.jobs:
             precompile(args.variants, args.C, args.S, jobs=args.jobs, programs=args.programs)
         ms = measure(args.variants, args.C, args.S, args.reps, programs=args.programs)
-        ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps)
+        ns = argparse.Namespace(dtype="bf16", K=4, graph=False, reps=args.reps, layout="BLC")
         meta = bench_meta(torch.device("cuda"), ns, 0.0)
         # the device's own arch, not its route ('generic' where no table exists yet)
         meta["arch"] = arch = routes.arch_name(torch.cuda.get_device_capability())

@@ -115,7 +115,7 @@ def test_meta_takes_the_commit_from_the_environment(monkeypatch):
     """A copied tree (the GPU machine's) may carry stale git history: CONV1D_SILU_COMMIT wins."""
     import argparse
 
-    args = argparse.Namespace(dtype="bf16", K=4, graph=True, reps=3)
+    args = argparse.Namespace(dtype="bf16", K=4, graph=True, reps=3, layout="BLC")
     monkeypatch.setenv("CONV1D_SILU_COMMIT", "0123456789abcdef")
     assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] == "0123456789abcdef"
     monkeypatch.delenv("CONV1D_SILU_COMMIT")
@@ -304,3 +304,20 @@ def test_the_committed_results_load_and_plot(files, tmp_path):
     assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
     if "--peers" in files:
         assert "vs fla_triton" in text
+
+
+def test_layout_bcl_times_channel_first_calls():
+    """--layout BCL: x is (B, C, L) channel-first; ours (layout='BCL') and eager F.conv1d agree on it,
+    and the run records its layout (parts and peers of another layout do not join it)."""
+    args = bench.parser().parse_args(["--cpu", "--layout", "BCL", "--baselines", "eager", "--shapes", "4096,16"])
+    x, w, b, dy = bench.shape_inputs(4096, 16, 4, torch.float32, torch.device("cpu"), "BCL")
+    assert x.shape == (1, 16, 4096) and x.is_contiguous() and dy.shape == x.shape
+    assert bench.seqlen(16384, "BCL") == 2048 and bench.seqlen(16384, "BLC") is None
+    impls = bench._bcl_impls(args)
+    torch.testing.assert_close(impls["conv1d_silu"](x, w, b), impls["torch_eager"](x, w, b), rtol=1e-5, atol=1e-5)
+    result = bench.main(["--cpu", "--layout", "BCL", "--baselines", "eager", "--shapes", "4096,16",
+                         "--reps", "2", "--no-host", "--calls", "fwd"])
+    assert result["meta"]["layout"] == "BCL" and "channel-first" in bench.markdown(result)
+    other = {**result, "meta": {**result["meta"], "layout": "BLC"}}
+    with pytest.raises(ValueError, match="layout"):
+        bench.merge_results([result, other])
