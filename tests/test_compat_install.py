@@ -162,6 +162,90 @@ def test_transformers_mamba2_generates_through_the_shim(tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+FLA_RUN = r"""
+import sys
+
+import conv1d_silu.compat
+
+conv1d_silu.compat.install()
+import torch
+import torch.nn.functional as F
+from fla.modules import ShortConvolution
+import fla.modules.causal_conv1d.backends.cuda.ops as cuda_ops
+
+assert cuda_ops.causal_conv1d_fn_cuda.__module__.startswith("conv1d_silu"), cuda_ops.causal_conv1d_fn_cuda.__module__
+
+
+def oracle(x, w, b, spans):  # float64 per document of (T, D) tokens
+    out = []
+    for a, e in spans:
+        z = F.conv1d(F.pad(x[a:e].double().t()[None], (w.shape[1] - 1, 0)), w.double()[:, None], b.double(),
+                     groups=w.shape[0])
+        out.append(F.silu(z)[0].t())
+    return torch.cat(out)
+
+
+bad = []
+for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 6e-2)):
+    D, W = 384, 4
+    torch.manual_seed(1)
+    ours = ShortConvolution(D, W, bias=True, backend="cuda", device="cuda", dtype=dtype)
+    triton = ShortConvolution(D, W, bias=True, backend="triton", device="cuda", dtype=dtype)
+    triton.load_state_dict(ours.state_dict())
+    assert ours.backend == "cuda", "the shim did not provide causal_conv1d_fn"
+    w, b = ours.weight[:, 0].detach(), ours.bias.detach()
+    for label, B, T, cu in (("batch", 3, 700, None), ("cu_seqlens", 1, 1000, [0, 17, 400, 401, 1000])):
+        x = torch.randn(B, T, D, device="cuda", dtype=dtype)
+        dy = torch.randn(B, T, D, device="cuda", dtype=dtype)
+        cu_t = None if cu is None else torch.tensor(cu, device="cuda", dtype=torch.int64)  # fla's LongTensor
+        got = []
+        for m in (ours, triton):
+            xi = x.clone().requires_grad_()
+            m.zero_grad()
+            y, _ = m(xi, cu_seqlens=cu_t)
+            y.backward(dy)
+            got.append((y, xi.grad, m.weight.grad[:, 0], m.bias.grad))
+        spans = [(0, T)] if cu is None else list(zip(cu[:-1], cu[1:]))
+        leaves = [t.double().requires_grad_() for t in (x.reshape(-1, D), w, b)]
+        ref = torch.cat([oracle(leaves[0][r * T:(r + 1) * T], leaves[1], leaves[2], spans) for r in range(B)])
+        refs = (ref, *torch.autograd.grad(ref, leaves, dy.reshape(-1, D).double()))
+        for i, name in enumerate(("y", "dx", "dweight", "dbias")):
+            scale = 1.0 if i < 2 else max(1.0, refs[i].abs().max().item() / 10)
+            d_ours = (got[0][i].reshape(refs[i].shape).double() - refs[i]).abs().max().item()
+            d_triton = (got[1][i].reshape(refs[i].shape).double() - refs[i]).abs().max().item()
+            print(f"{dtype} {label} {name}: ours {d_ours:.3g}, fla triton {d_triton:.3g} (against float64)")
+            if d_ours > max(tol * scale, 2 * d_triton):
+                bad.append(f"{dtype} {label} {name}")
+    with torch.no_grad():  # decoding: a prefill's cache, then steps of one token
+        x = torch.randn(2, 26, D, device="cuda", dtype=dtype)
+        runs = []
+        for m in (ours, triton):
+            _, cache = m(x[:, :20], output_final_state=True)
+            ys = []
+            for t in range(20, 26):
+                y, cache = m(x[:, t:t + 1], cache=cache, output_final_state=True)
+                ys.append(y)
+            runs.append((torch.cat(ys, 1), cache))
+        ref = torch.stack([oracle(x[r], w, b, [(0, 26)])[20:] for r in range(2)])
+        d_ours, d_triton = ((r[0].double() - ref).abs().max().item() for r in runs)
+        print(f"{dtype} decode y: ours {d_ours:.3g}, fla triton {d_triton:.3g}")
+        if d_ours > max(tol, 2 * d_triton) or not torch.equal(runs[0][1], runs[1][1]):
+            bad.append(f"{dtype} decode")
+sys.exit(f"mismatch: {bad}" if bad else 0)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's Triton backend, the reference here, needs a GPU")
+def test_fla_short_convolution_cuda_backend_through_the_shim(tmp_path):
+    """flash-linear-attention's ShortConvolution(backend="cuda") on the shim, against its Triton
+    backend and float64: forward, backward, int64 cu_seqlens and decoding from a prefill's cache
+    (fla's calls are also replayed without fla in test_compat_cpp.py, so CI guards them too)."""
+    pytest.importorskip("fla")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", FLA_RUN], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_harness_runs_a_test_file_against_the_shim(tmp_path):
     """tools/test_against_causal_conv1d.sh installs the shim before pytest imports the file."""
     test_file = tmp_path / "test_uses_causal_conv1d.py"
