@@ -57,7 +57,9 @@ def causal_conv1d_silu(
         cu_seqlens: int32 or int64 ``(N + 1,)`` document offsets into the S tokens (2-D x, or 3-D x of one
             batch row).
         initial_states: ``(N, K-1, C)`` in x's dtype: the K-1 tokens preceding each document
-            (``(N, C, K-1)`` with ``layout="BCL"``).
+            (``(N, C, K-1)`` with ``layout="BCL"``). With 3-D x and seq_idx: ``(B, K-1, C)``, the
+            tokens preceding each batch row, read by the row's first document only (later ones
+            start from zeros; causal-conv1d's packed rows with states); no final states then.
         return_final_states: also return ``(N, K-1, C)``: each document's last K-1 tokens
             (initial state rows included when a document is shorter than K-1); ``(N, C, K-1)``
             with ``layout="BCL"``.

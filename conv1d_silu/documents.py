@@ -6,7 +6,10 @@ start; windows never cross a document. Four modes, shared by the reference and t
 * ``SINGLE``  : 2-D ``x`` without a table: one document of ``S`` tokens.
 * ``BATCH``   : 3-D ``x`` of shape ``(B, L, C)``: ``B`` documents of ``L`` tokens.
 * ``SEQ_IDX`` : ``seq_idx``, one entry per token: a document starts where the value changes
-  (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``.
+  (and, for 3-D ``x``, at every batch row). The value indexes ``initial_states``; with 3-D ``x``
+  the states are one per batch row instead, preceding the row's first token, so they belong to the
+  row's first document (causal-conv1d's convention for packed rows with states): the kernels' table
+  then numbers that document ``b`` and the row's later ones ``B`` and up, which have no state.
 * ``CU_SEQLENS``: ``cu_seqlens[N+1]`` offsets: document ``d`` is ``[cu[d], cu[d+1])``.
 
 Tables may be int32 or int64 (flash-linear-attention passes int64 ``cu_seqlens``); the kernels
@@ -33,6 +36,7 @@ class DocTable:
     num_docs: int | None
     table: torch.Tensor | None  # flat int32 seq_idx (S,) or cu_seqlens (N+1,)
     source: torch.Tensor | None = None  # the caller's table, before any conversion to int32
+    row_states: bool = False  # SEQ_IDX on 3-D x with states: one state per batch row (row_state_ids)
 
 
 def num_documents(
@@ -63,8 +67,25 @@ def doc_table(
     if cu_seqlens is not None:
         return DocTable(CU_SEQLENS, S, row_len, n, _int32(cu_seqlens), cu_seqlens)
     if seq_idx is not None:
+        if x.dim() == 3 and initial_states is not None:
+            return DocTable(SEQ_IDX, S, row_len, n, _int32(row_state_ids(seq_idx).reshape(-1)), seq_idx, True)
         return DocTable(SEQ_IDX, S, row_len, n, _int32(seq_idx.reshape(-1)), seq_idx)
     return DocTable(BATCH if x.dim() == 3 else SINGLE, S, row_len, n, None)
+
+
+def row_state_ids(seq_idx: torch.Tensor) -> torch.Tensor:
+    """Document ids for per-row states, (B, L) int64, on the device with no host sync: row b's
+    first document (the run of ``seq_idx[b, 0]``, if not padding) is ``b``, its later documents
+    ``B + 1``, ``B + 2``, ... in order (ids past the B states: no state), padding stays negative.
+    Documents start exactly where ``seq_idx`` changes, as before."""
+    seq = seq_idx.long()
+    pad = seq < 0
+    first = (seq == seq[:, :1]) & ~pad[:, :1]
+    starts = torch.ones_like(pad)
+    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    rank = (starts & ~pad).cumsum(1)
+    rows = torch.arange(seq.shape[0], device=seq.device).unsqueeze(1)
+    return torch.where(pad, seq, torch.where(first, rows, seq.shape[0] + rank))
 
 
 def _int32(table: torch.Tensor) -> torch.Tensor:
@@ -135,7 +156,7 @@ def check_table_contents(doc: DocTable) -> str | None:
         return "seq_idx: expected non-decreasing values within each sequence"
     if lo < 0:
         return f"seq_idx: expected values >= 0, got {lo}"
-    if doc.num_docs is not None and hi >= doc.num_docs:
+    if doc.num_docs is not None and hi >= doc.num_docs and not doc.row_states:
         return f"seq_idx: expected values < initial_states.shape[0] == {doc.num_docs}, got {hi}"
     if hi >= 2**31:
         return f"seq_idx: expected values < 2**31, got {hi}"

@@ -167,12 +167,16 @@ def check_inputs(
         _same_device("initial_states", initial_states, x)
         if initial_states.dtype != x.dtype:
             fail("initial_states", f"x's dtype {x.dtype}", initial_states.dtype, TypeError)
-        if seq_idx is not None and x.dim() == 3:
-            fail("initial_states", "None with 3-D x and seq_idx (use 2-D x)", "a tensor")
         n = num_documents(x, seq_idx, cu_seqlens, initial_states) if initial_states.dim() == 3 else None
+        if seq_idx is not None and x.dim() == 3:  # one state per batch row (documents.py)
+            n = x.shape[0]
+            if return_final_states:
+                fail("return_final_states", "False with 3-D x, seq_idx and initial_states (use 2-D x, whose "
+                     "states are one per document)", True)
         want = (n if n is not None else "N", K - 1, C)
         if tuple(initial_states.shape) != want:
-            fail("initial_states", f"shape {want} (documents, K-1, C)", tuple(initial_states.shape))
+            rows = "batch rows" if seq_idx is not None and x.dim() == 3 else "documents"
+            fail("initial_states", f"shape {want} ({rows}, K-1, C)", tuple(initial_states.shape))
     if return_final_states and seq_idx is not None and initial_states is None:
         fail(
             "return_final_states",

@@ -62,7 +62,8 @@ def doc_spans(S: int, seq_idx=None, cu_seqlens=None, batch_len=None, n_docs=None
 
 
 def naive(x2, weight, bias, spans, initial_states, silu=True):
-    """Per document: F.conv1d over concat(initial state or zeros, tokens), in x2's dtype.
+    """Per document: F.conv1d over concat(initial state or zeros, tokens), in x2's dtype; a span
+    whose state is negative (padding, or a document without a state) starts from zeros.
 
     Returns (y (S, C), final_states (N, K-1, C) as a list indexed by state)."""
     S, C = x2.shape
@@ -72,7 +73,7 @@ def naive(x2, weight, bias, spans, initial_states, silu=True):
     order = sorted(range(len(spans)), key=lambda i: (spans[i][0], spans[i][1]))
     for i in order:
         s, e, d = spans[i]
-        pre = initial_states[d] if initial_states is not None else x2.new_zeros(K - 1, C)
+        pre = initial_states[d] if initial_states is not None and d >= 0 else x2.new_zeros(K - 1, C)
         full = torch.cat([pre, x2[s:e]], 0)
         finals[d] = full[full.shape[0] - (K - 1):]
         if e == s:

@@ -201,6 +201,70 @@ def test_negative_seq_idx_is_padding(backend):
     assert_close(out, oracle(x.cpu(), w.cpu(), b.cpu(), seq.cpu(), silu=True)[0], torch.float32, "out")
 
 
+def fragment_oracle(x, weight, bias, initial_states, seq_idx, silu):
+    """causal-conv1d 1.7's packed rows with states, float64, differentiable: each run of equal
+    seq_idx in a row is convolved alone; only a run that starts the row reads the row's initial
+    state (later runs, and a first run after padding, start from zeros); padding runs output 0."""
+    batch, dim, length = x.shape
+    w = weight.reshape(dim, -1).double()
+    width = w.shape[1]
+    rows = []
+    for b in range(batch):
+        ids = seq_idx[b].tolist()
+        pieces, start = [], 0
+        while start < length:
+            end = start + 1
+            while end < length and ids[end] == ids[start]:
+                end += 1
+            if ids[start] < 0:
+                pieces.append(x.new_zeros(dim, end - start, dtype=torch.float64))
+            else:
+                pre = initial_states[b].double() if start == 0 else x.new_zeros(dim, width - 1, dtype=torch.float64)
+                full = torch.cat([pre, x[b, :, start:end].double()], -1)
+                z = torch.nn.functional.conv1d(full[None], w[:, None], None if bias is None else bias.double(), groups=dim)[0]
+                pieces.append(torch.nn.functional.silu(z) if silu else z)
+            start = end
+        rows.append(torch.cat(pieces, -1))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("layout", ["channel_last", "channel_first"])
+def test_seq_idx_with_initial_states_feeds_each_rows_first_document(backend, layout):
+    """causal-conv1d 1.7's packed rows with states (Megatron's context parallelism over packed
+    sequences): through causal_conv1d_fn (autograd) and the cpp functions, y, dx, dweight, dbias and
+    dinitial_states against the per-run oracle."""
+    from conv1d_silu.compat import causal_conv1d_bwd_function, causal_conv1d_fwd_function
+
+    dev = backend.device
+    g = torch.Generator().manual_seed(21)
+    dim, length, width = 16, 19, 4
+    seq = torch.tensor(
+        [[3] * 2 + [5] * 6 + [6] + [9] * 10, [1] * 3 + [4] * 9 + [6] * 7, [7] * 19], dtype=torch.int32, device=dev
+    )
+    x = bcl(3, dim, length, layout, device=dev, gen=g)
+    w = torch.randn(dim, width, generator=g).to(dev)
+    b = torch.randn(dim, generator=g).to(dev)
+    init = torch.randn(3, width - 1, dim, generator=g).to(dev).transpose(1, 2)  # stride(1) == 1
+    dout = torch.randn(3, dim, length, generator=g).to(dev)
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (x, w, b, init)]
+    want = fragment_oracle(*leaves[:3], leaves[3], seq.cpu(), True)
+    want_grads = torch.autograd.grad((want * dout.double().cpu()).sum(), leaves)
+
+    xs, ws, bs, inits = (t.detach().clone().requires_grad_() for t in (x, w, b, init))
+    out = causal_conv1d_fn(xs, ws, bs, seq_idx=seq, initial_states=inits, activation="silu")
+    out.backward(dout)
+    assert_close(out, want, torch.float32, "out")
+    for name, got, ref in zip(("dx", "dweight", "dbias", "dinitial_states"), (xs.grad, ws.grad, bs.grad, inits.grad),
+                              want_grads):
+        assert_close(got, ref, torch.float32, name)
+
+    out2 = causal_conv1d_fwd_function(x, w, b, seq, init, None, True)
+    assert torch.equal(out2, out.detach())
+    dx, dw, db, dinit = causal_conv1d_bwd_function(x, w, b, dout, seq, init, None, None, True, True)
+    for got, ref in zip((dx, dw, db, dinit), (xs.grad, ws.grad, bs.grad, inits.grad)):
+        assert torch.equal(got, ref)
+
+
 CAUSAL_CONV1D_SIGNATURES = {
     "causal_conv1d_fn": "(x, weight, bias=None, seq_idx=None, initial_states=None, "
     "return_final_states=False, final_states_out=None, activation=None)",
@@ -274,7 +338,6 @@ def _bad_calls(dev):
             ),
         ),
         (TypeError, "return_final_states", dict(x=x, weight=w, return_final_states=1)),
-        (ValueError, "initial_states", dict(x=x, weight=w, seq_idx=seq, initial_states=init)),
         (ValueError, "return_final_states", dict(x=x, weight=w, seq_idx=seq, return_final_states=True)),
         (ValueError, "seq_idx", dict(x=x, weight=w, seq_idx=seq[:, :5])),
         (ValueError, "initial_states", dict(x=x, weight=w, initial_states=init[..., :2])),

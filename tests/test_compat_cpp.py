@@ -252,7 +252,6 @@ def _bad_calls():
         (ValueError, "dx", dict(good, dx=torch.empty(1, 16, 10).expand(2, 16, 10))),
         (ValueError, "dfinal_states", dict(good, dfinal_states=torch.randn(2, 16, 4))),
         (ValueError, "dfinal_states", dict(good, seq_idx=seq, dfinal_states=torch.randn(2, 16, 3))),
-        (ValueError, "return_dinitial_states", dict(good, seq_idx=seq, return_dinitial_states=True)),
         (ValueError, "weight", dict(good, weight=torch.randn(16, 9))),
     ]
 

@@ -66,8 +66,9 @@ def test_find_spec_and_metadata(installed):
 
 def test_version_gates():
     """Megatron's gates: packed training (1.4.0), packed inference (1.5.3.post1), deterministic mode
-    (1.6.0) pass; context parallelism over packed sequences (1.7.0: seq_idx with initial_states,
-    which the op refuses) does not."""
+    (1.6.0) pass. The version stays causal-conv1d's 1.6.1, whose semantics compat matches; it also
+    takes seq_idx with initial_states (1.7.0's packed rows with states, which Megatron's context
+    parallelism gates on 1.7.0)."""
     version = pytest.importorskip("packaging.version").Version
     ours = version(compat.VERSION)
     assert ours >= version("1.4.0") and ours >= version("1.5.3.post1") and ours >= version("1.6.0")

@@ -83,14 +83,20 @@ class Case:
             return TypeError, "grad_dtype"
         if self.grads == "grad_dtype":  # 16-bit weights: autograd would round fp32 gradients back
             return ValueError, "grad_dtype"
-        if self.entry == "compat" and self.docs == "seq_idx" and (self.initial or self.final):
-            # causal-conv1d takes no states with seq_idx
-            return ValueError, "initial_states: expected None" if self.initial else "return_final_states: expected None"
-        if self.docs == "seq_idx" and self.form != "tokens" and self.initial:
-            return ValueError, "initial_states: expected None with 3-D x and seq_idx"
+        if self.entry == "compat" and self.docs == "seq_idx" and self.final:
+            # causal-conv1d returns no final states with seq_idx
+            return ValueError, "return_final_states: expected None"
         if self.docs == "seq_idx" and self.final and not self.initial:
             return ValueError, "return_final_states: expected initial_states"
+        if self.docs == "seq_idx" and self.form != "tokens" and self.final:
+            # 3-D x: the states are one per batch row, for the row's first document
+            return ValueError, "return_final_states: expected False with 3-D x"
         return None
+
+    @property
+    def row_states(self) -> bool:
+        """seq_idx on 3-D x with initial states: row b's state feeds only the row's first document."""
+        return self.docs == "seq_idx" and self.form != "tokens" and self.initial
 
 
 CASES = [
@@ -116,6 +122,8 @@ def _inputs(case: Case, device: str):
 
     rows, length = (1, S) if case.form == "tokens" or case.packed_row else (B, L)
     n_docs = {"cu_seqlens": len(CU_SEQLENS) - 1, "seq_idx": max(SEQ_IDX) + 1}.get(case.docs, rows)
+    if case.row_states:
+        n_docs = rows
     ref = {"x": rnd(rows, length, C), "weight": rnd(C, K, dt=wdtype), "bias": rnd(C, dt=wdtype)}
     if case.form == "tokens" or case.packed_row:
         ref["x"] = ref["x"][0]  # the reference runs packed tokens (S, C)
@@ -160,9 +168,11 @@ def _reference(ref: dict, docs: dict, case: Case) -> dict:
     x = leaves["x"]
     S = x.numel() // C
     table = {k: v.cpu() for k, v in docs.items()}
-    spans = doc_spans(S, seq_idx=table.get("seq_idx"), cu_seqlens=table.get("cu_seqlens"),
-                      batch_len=x.shape[1] if x.dim() == 3 else None,
-                      n_docs=ref["dfinal"].shape[0] if "seq_idx" in table else None)
+    row_len = x.shape[1] if x.dim() == 3 else None
+    spans = doc_spans(S, seq_idx=table.get("seq_idx"), cu_seqlens=table.get("cu_seqlens"), batch_len=row_len,
+                      n_docs=ref["dfinal"].shape[0] if "seq_idx" in table and not case.row_states else None)
+    if case.row_states:  # the row's first document reads the row's state, the others none
+        spans = [(s, e, s // row_len if s % row_len == 0 else -1) for s, e, _ in spans]
     y, finals = naive(x.reshape(S, C), leaves["weight"], leaves["bias"], spans, leaves.get("initial_states"),
                       case.activation is not None)
     y = y.reshape(x.shape)

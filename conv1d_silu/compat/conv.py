@@ -18,7 +18,8 @@ def channel_last(x: torch.Tensor) -> bool:
 
 
 def seq_idx_alone(seq_idx: object, **others: object) -> None:
-    """causal-conv1d takes no states together with seq_idx."""
+    """causal-conv1d takes no final states together with seq_idx (initial states, one per batch row,
+    belong to each row's first document)."""
     if seq_idx is not None:
         for arg, value in others.items():
             if value is not None and value is not False:
@@ -44,7 +45,7 @@ def forward(
     checks.float_x(x, "(batch, dim, seqlen)", (3,))
     w = checks.weight(weight, x)
     checks.flag("return_final_states", return_final_states)
-    seq_idx_alone(seq_idx, initial_states=initial_states, return_final_states=return_final_states)
+    seq_idx_alone(seq_idx, return_final_states=return_final_states)
     if final_states_out is not None:
         if not return_final_states:
             fail("final_states_out", "None unless return_final_states=True", "a tensor")

@@ -26,7 +26,7 @@ def causal_conv1d_fwd_function(
     """out ``(B, D, L)`` in x's layout, without autograd; final_states ``(B, D, W-1)`` are written
     into final_states_out when it is given. Arguments as :func:`conv1d_silu.compat.causal_conv1d_fn`."""
     silu = checks.flag("silu_activation", silu_activation)
-    conv.seq_idx_alone(seq_idx, initial_states=initial_states, final_states_out=final_states_out)
+    conv.seq_idx_alone(seq_idx, final_states_out=final_states_out)
     with torch.no_grad():
         out = conv.forward(
             x, weight, bias, seq_idx, initial_states, final_states_out is not None, final_states_out, silu
@@ -79,12 +79,7 @@ def causal_conv1d_bwd_function(
     if dx is not None:
         checks.tensor("dx", dx, x, x.shape, x.dtype)
         checks.writable("dx", dx)
-    conv.seq_idx_alone(
-        seq_idx,
-        initial_states=initial_states,
-        dfinal_states=dfinal_states,
-        return_dinitial_states=return_dinitial_states,
-    )
+    conv.seq_idx_alone(seq_idx, dfinal_states=dfinal_states)
     state_shape = (batch, dim, w.shape[1] - 1)
     if dfinal_states is not None:
         checks.tensor("dfinal_states", dfinal_states, x, state_shape, x.dtype)

@@ -28,8 +28,9 @@ def causal_conv1d_fn(
     weight: ``(D, W)`` (or nn.Conv1d's ``(D, 1, W)``), any strides, any float dtype (fp32 with 16-bit
     x); 2 <= W <= 8, where causal-conv1d takes 2 <= W <= 4. bias: ``(D,)`` in the weight's dtype.
     seq_idx: ``(B, L)`` int32 or int64: a tap reads only tokens of the same value (non-decreasing
-    along each row). Not with states.
-    initial_states: ``(B, D, W-1)`` in x's dtype, the tokens before x (zeros when None).
+    along each row). Not with return_final_states.
+    initial_states: ``(B, D, W-1)`` in x's dtype, the tokens before x (zeros when None); with
+    seq_idx, row b's state precedes its first token, so only the row's first document reads it.
     return_final_states: also return final_states ``(B, D, W-1)`` (``stride(1) == 1``): the last
     W-1 columns of ``cat(initial_states or zeros, x)``. final_states_out: ``(B, D, W-1)`` written
     in place and returned as final_states; only with return_final_states (causal-conv1d ignores it
