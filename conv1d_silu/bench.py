@@ -165,6 +165,11 @@ def torch_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) ->
     return F.silu(y)[0].t()
 
 
+def torch_reference_bcl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch eager on channel-first (B, C, L) x, F.conv1d's own layout."""
+    return F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[1] - 1, groups=x.shape[1])[..., : x.shape[2]])
+
+
 def torch_reference_shifts(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """The same op as K shifted multiply-adds: no shape-valued argument (``groups=C``) for Dynamo
     to specialise on, so ``torch.compile(..., dynamic=True)`` builds one graph for every (S, C)."""
@@ -177,44 +182,22 @@ def torch_reference_shifts(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | N
     return F.silu(y if b is None else y + b)
 
 
-def _bcl_impls(args) -> dict[str, Callable]:
-    """The implementations on channel-first (B, C, L) x, each called as its users call it there."""
+def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
+    """Ours and the baselines on x of the layout: token-major (S, C), or channel-first (B, C, L)
+    with each peer called as its users call it there."""
+    bcl = layout == "BCL"
+
     def ours(program):
-        return lambda x, w, b: causal_conv1d_silu(x, w, b, program=program, layout="BCL")
+        return lambda x, w, b: causal_conv1d_silu(x, w, b, program=program, layout=layout)
 
     impls: dict[str, Callable] = {"conv1d_silu": ours(args.program)}
-    for name in args.baseline_programs:
+    for name in args.baseline_programs:  # our own op forced to another program, as a baseline
         impls[f"conv1d_silu[{name}]"] = ours(name)
     if "eager" in args.baselines:
-        impls["torch_eager"] = lambda x, w, b: F.silu(
-            F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[1] - 1, groups=x.shape[1])[..., : x.shape[2]]
-        )
-    if "compile" in args.baselines:
+        impls["torch_eager"] = torch_reference_bcl if bcl else torch_reference
+    if "compile" in args.baselines and bcl:
         sys.stderr.write("baseline compile skipped: not measured with --layout BCL\n")
-    if "cc1d" in args.baselines:
-        try:
-            from causal_conv1d import causal_conv1d_fn
-
-            impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(x, w, b, activation="silu")
-        except Exception as err:
-            sys.stderr.write(f"baseline cc1d skipped: causal_conv1d not importable ({err!r})\n")
-    if "fla" in args.baselines:
-        try:
-            from fla.modules.convolution import causal_conv1d as fla_conv
-
-            impls["fla_triton"] = lambda x, w, b: fla_conv(x.transpose(1, 2), w, b, activation="silu")[0].transpose(1, 2)
-        except Exception as err:
-            sys.stderr.write(f"baseline fla skipped: flash-linear-attention not importable ({err!r})\n")
-    return impls
-
-
-def _impls(args) -> dict[str, Callable]:
-    impls: dict[str, Callable] = {"conv1d_silu": lambda x, w, b: causal_conv1d_silu(x, w, b, program=args.program)}
-    for name in args.baseline_programs:  # our own op forced to another program, as a baseline
-        impls[f"conv1d_silu[{name}]"] = lambda x, w, b, name=name: causal_conv1d_silu(x, w, b, program=name)
-    if "eager" in args.baselines:
-        impls["torch_eager"] = torch_reference
-    if "compile" in args.baselines:
+    elif "compile" in args.baselines:
         # the timed backward replays one forward's graph (retain_graph), which donated buffers forbid
         import torch._functorch.config as functorch_config
 
@@ -224,16 +207,22 @@ def _impls(args) -> dict[str, Callable]:
         try:
             from causal_conv1d import causal_conv1d_fn
 
-            impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(
-                x.t().unsqueeze(0), w, b, activation="silu"
-            )[0].t()
+            if bcl:
+                impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(x, w, b, activation="silu")
+            else:
+                impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(
+                    x.t().unsqueeze(0), w, b, activation="silu"
+                )[0].t()
         except Exception as err:  # a missing peer is a gap in the table, so say why
             sys.stderr.write(f"baseline cc1d skipped: causal_conv1d not importable ({err!r})\n")
     if "fla" in args.baselines:
         try:
             from fla.modules.convolution import causal_conv1d as fla_conv
 
-            impls["fla_triton"] = lambda x, w, b: fla_conv(x.unsqueeze(0), w, b, activation="silu")[0][0]
+            if bcl:
+                impls["fla_triton"] = lambda x, w, b: fla_conv(x.transpose(1, 2), w, b, activation="silu")[0].transpose(1, 2)
+            else:
+                impls["fla_triton"] = lambda x, w, b: fla_conv(x.unsqueeze(0), w, b, activation="silu")[0][0]
         except Exception as err:
             sys.stderr.write(f"baseline fla skipped: flash-linear-attention not importable ({err!r})\n")
     return impls
@@ -408,7 +397,7 @@ def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     eager = Timer(device, args.reps, args.warmup, graph=False)
     bw = copy_bandwidth(device, eager)
     token_major = _impls(args)
-    impls = _bcl_impls(args) if args.layout == "BCL" else token_major
+    impls = _impls(args, "BCL") if args.layout == "BCL" else token_major
     default = bcl_shapes() if args.layout == "BCL" else default_shapes()
     shapes = args.shapes or (default if device.type == "cuda" else CPU_SHAPES)
     shapes = select_part(shapes, args.part)

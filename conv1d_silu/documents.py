@@ -47,12 +47,13 @@ def num_documents(
     cu_seqlens: torch.Tensor | None,
     initial_states: torch.Tensor | None,
 ) -> int | None:
-    """How many documents the arguments describe; None for ``seq_idx`` without initial states,
-    whose ids only order the tokens (the count would need a read of the table)."""
+    """How many state rows the arguments describe: documents, or batch rows for 3-D x with
+    ``seq_idx`` and states; None for ``seq_idx`` without initial states, whose ids only order the
+    tokens (the count would need a read of the table)."""
     if cu_seqlens is not None:
         return cu_seqlens.shape[0] - 1
-    if seq_idx is not None:
-        return None if initial_states is None else initial_states.shape[0]
+    if seq_idx is not None:  # 3-D x: one state per batch row
+        return None if initial_states is None else x.shape[0] if x.dim() == 3 else initial_states.shape[0]
     return x.shape[0] if x.dim() == 3 else 1
 
 

@@ -175,11 +175,9 @@ def check_inputs(
         if initial_states.dtype != x.dtype:
             fail("initial_states", f"x's dtype {x.dtype}", initial_states.dtype, TypeError)
         n = num_documents(x, seq_idx, cu_seqlens, initial_states) if initial_states.dim() == 3 else None
-        if seq_idx is not None and x.dim() == 3:  # one state per batch row (documents.py)
-            n = x.shape[0]
-            if return_final_states:
-                fail("return_final_states", "False with 3-D x, seq_idx and initial_states (use 2-D x, whose "
-                     "states are one per document)", True)
+        if seq_idx is not None and x.dim() == 3 and return_final_states:  # one state per batch row
+            fail("return_final_states", "False with 3-D x, seq_idx and initial_states (use 2-D x, whose "
+                 "states are one per document)", True)
         want = (n if n is not None else "N", K - 1, C)
         if tuple(initial_states.shape) != want:
             rows = "batch rows" if seq_idx is not None and x.dim() == 3 else "documents"

@@ -326,7 +326,7 @@ def test_layout_bcl_times_channel_first_calls():
     x, w, b, dy = bench.shape_inputs(4096, 16, 4, torch.float32, torch.device("cpu"), "BCL")
     assert x.shape == (1, 16, 4096) and x.is_contiguous() and dy.shape == x.shape
     assert bench.seqlen(16384, "BCL") == 2048 and bench.seqlen(16384, "BLC") is None
-    impls = bench._bcl_impls(args)
+    impls = bench._impls(args, "BCL")
     torch.testing.assert_close(impls["conv1d_silu"](x, w, b), impls["torch_eager"](x, w, b), rtol=1e-5, atol=1e-5)
     result = bench.main(["--cpu", "--layout", "BCL", "--baselines", "eager", "--shapes", "4096,16",
                          "--reps", "2", "--no-host", "--calls", "fwd"])
