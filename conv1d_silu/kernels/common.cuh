@@ -42,6 +42,19 @@ struct UpdateArgs {
   const int* cache_seqlens; const int* state_indices; void* out; long long out_bs; long long out_cs;
   long long out_ls; long long C; long long L;
 };
+// Channel-first (conv1d_silu_bcl.cu): x, dy, y and dx are (B, C, L) with the sequence contiguous
+// and any batch (_bs) and channel (_cs) strides.
+struct FwdBclArgs {
+  const void* x; long long x_bs; long long x_cs; const void* w; const void* bias; const int* table;
+  long long n_docs; const void* init; void* y; long long y_bs; long long y_cs; void* final_states; long long S;
+  long long C; long long L; long long n_chunks;
+};
+struct BwdBclArgs {
+  const void* x; long long x_bs; long long x_cs; const void* dy; long long dy_bs; long long dy_cs; const void* w;
+  const void* bias; const int* table; long long n_docs; const void* init; void* dx; long long dx_bs;
+  long long dx_cs; void* dinit; void* dw; void* db; long long accumulate; void* workspace; long long S;
+  long long C; long long L; long long n_parts; long long part_slabs; long long top_level; long long root_level;
+};
 struct FoldArgs {
   const void* workspace; void* dw; void* db; long long accumulate; long long C; long long n_nodes;
   long long levels;
@@ -270,6 +283,26 @@ C1S_FN unsigned int ticket_add(unsigned int* p) {
 }
 #else
 inline unsigned int ticket_add(unsigned int* p) { return atomicAdd(p, 1u); }
+#endif
+
+// Programmatic dependent launch (sm_90+): launch_dependents lets the next kernel in the stream, if
+// it was launched with the attribute (runtime.Launch.programmatic), start before this one ends; that
+// kernel's wait returns once this one has finished and its writes are visible. Both are no-ops for
+// a plain launch and before sm_90.
+#ifndef CONV1D_SILU_EMULATE
+C1S_FN void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+C1S_FN void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#else
+inline void griddep_launch_dependents() {}
+inline void griddep_wait() {}
 #endif
 
 template <typename T> C1S_FN T min_(T a, T b) { return a < b ? a : b; }

@@ -25,26 +25,6 @@
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
 #include "common.cuh"
 
-// Programmatic dependent launch (sm_90+): launch_dependents lets the next kernel in the stream, if
-// it was launched with the attribute (runtime.Launch.programmatic), start before this one ends; that
-// kernel's wait returns once this one has finished and its writes are visible. Both are no-ops for
-// a plain launch and before sm_90.
-#ifndef CONV1D_SILU_EMULATE
-C1S_FN void griddep_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-C1S_FN void griddep_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-#else
-inline void griddep_launch_dependents() {}
-inline void griddep_wait() {}
-#endif
-
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
           bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c1s::BwdArgs a) {

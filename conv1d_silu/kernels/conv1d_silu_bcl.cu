@@ -1,0 +1,352 @@
+// Channel-first forward and backward: x, dy, y and dx are (B, C, L) with the sequence contiguous
+// and any batch and channel strides (a chunk of a wider projection is read and written in place).
+// The math is the channel-last templates', operation for operation (the bias, then one fma per tap
+// k = 0..K-1; the same SiLU and SiLU gradient; the canonical reduction of dweight / dbias), so both
+// layouts give the same bits. Only the walk differs: a thread owns one channel and VEC consecutive
+// tokens per 16-byte load, and neighbouring threads own neighbouring tokens of the same channel.
+//
+// Tokens are numbered as the channel-last op numbers them, t = b * L + l, so document tables
+// (seq_idx (B, L), cu_seqlens for B = 1), states ((N, K-1, C)) and the reduction tree are shared.
+#include "common.cuh"
+
+namespace c1s {
+
+// The K-1 taps before token l0 of a channel row (tap m is token l0 - (K-1) + m), of which pos0
+// precede l0 inside its document: x there, the document's initial state row before it (state <
+// n_docs), else 0, as window_before fills them for the channel-last walk.
+template <int K, bool HAS_INIT, typename A, typename T, typename I>
+C1S_FN void taps_before(const T* __restrict__ xrow, const T* __restrict__ init, int C, int c, long long l0, int pos0,
+                        int state, int n_docs, A* taps) {
+#pragma unroll
+  for (int m = 0; m < K - 1; ++m) {
+    if (K - 1 - m <= pos0) {
+      taps[m] = cvt<A>(load_ro(xrow + (I)(l0 - (K - 1) + m)));
+    } else if (HAS_INIT && state < n_docs) {
+      taps[m] = cvt<A>(load_ro(init + ((I)state * (K - 1) + m + pos0) * (I)C + c));
+    } else {
+      taps[m] = A(0);
+    }
+  }
+}
+
+}  // namespace c1s
+
+// Forward. A CTA walks one chunk of one channel row (b, c): VPT x blockDim vectors of VEC tokens,
+// vector v of thread i at (chunk VPT + v) blockDim + i, so each load instruction of a warp reads
+// neighbouring bytes. A thread's window is its vector and the K-1 tokens before it (read again
+// from x: the neighbour's vector, in L1).
+template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
+          bool SILU, typename I, int VPT>
+__global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant__ c1s::FwdBclArgs a) {
+  using namespace c1s;
+  using A = typename Acc<T>::type;
+  const TW* __restrict__ w = static_cast<const TW*>(a.w);
+  const TW* __restrict__ bias = static_cast<const TW*>(a.bias);
+  const T* __restrict__ init = static_cast<const T*>(a.init);
+  T* __restrict__ final_states = static_cast<T*>(a.final_states);
+  const long long L = a.L, n_chunks = a.n_chunks;
+  const int C = (int)a.C, n_docs = (int)a.n_docs;
+  const DocArgs da{a.table, a.S, L, n_docs};
+
+  const long long row = blockIdx.x / n_chunks;  // (b, c), c fastest
+  const long long chunk = blockIdx.x - row * n_chunks;
+  const long long b = row / C;
+  const int c = (int)(row - b * C);
+  const T* __restrict__ xrow = static_cast<const T*>(a.x) + (I)b * (I)a.x_bs + (I)c * (I)a.x_cs;
+  T* __restrict__ yrow = static_cast<T*>(a.y) + (I)b * (I)a.y_bs + (I)c * (I)a.y_cs;
+  A wv[K][1], bv[1];
+  load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
+
+#pragma unroll
+  for (int v = 0; v < VPT; ++v) {
+    const long long l0 = ((chunk * VPT + v) * blockDim.x + threadIdx.x) * VEC;
+    if (l0 >= L) break;
+    A xv[VEC];
+    load_vec<true>(xrow, (I)l0, xv);
+    const long long t0 = b * L + l0;
+    Docs<MODE> docs;
+    const int pos0 = docs.begin(da, t0, K - 1);
+    // win[j]: token l0 - (K-1) + j; token e's taps are win[e .. e+K-1]
+    A win[K - 1 + VEC];
+    taps_before<K, HAS_INIT, A, T, I>(xrow, init, C, c, l0, pos0, docs.state, n_docs, win);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) win[K - 1 + e] = xv[e];
+    A yv[VEC];
+    static_for<0, VEC>([&](auto ie) {
+      constexpr int E = decltype(ie)::value;
+      const long long t = t0 + E;
+      if (E > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m)
+          win[E + m] = HAS_INIT && docs.state < n_docs
+                           ? cvt<A>(load_ro(init + ((I)docs.state * (K - 1) + m) * (I)C + c))
+                           : A(0);
+      }
+      A z = bv[0];
+#pragma unroll
+      for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[E + k], z);
+      yv[E] = docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
+      if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // its last K-1 taps (states included)
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j)
+          final_states[((I)docs.state * (K - 1) + j) * (I)C + c] = cvt<T>(win[E + 1 + j]);
+      }
+    });
+    store_vec(yrow, (I)l0, yv);
+  }
+}
+
+// Backward. A thread walks one slab (SLAB tokens, the canonical reduction's leaf) of one channel
+// and its K-1 tail tokens, as a channel-last lane walks its slabs: g from dy and the recomputed z,
+// the slab's dweight / dbias partial (one fma per token in token order), dx of its own tokens and
+// the initial-state gradients of the documents that start in it. A CTA walks rounds of blockDim
+// consecutive slabs of one channel, folding each round's slabs into level-1 nodes and those into
+// level-2 nodes in shared memory. With top_level 2 a CTA's part is one round, whose level-2 nodes go
+// to the workspace (or are the root); above, its part is one node of top_level, and its level-2
+// nodes climb to it through a chain of running sums, one per level (a node's children in index
+// order, missing ones as +0, as the canonical tree adds them). conv1d_silu_fold folds the
+// workspace's nodes from there to the root.
+template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
+          bool SILU, typename I>
+__global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
+  using namespace c1s;
+  griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
+  using A = typename Acc<T>::type;
+  constexpr int NB = K + (HAS_BIAS ? 1 : 0);  // reduced rows: K taps (+ bias)
+  constexpr int NV = SLAB / VEC;               // vectors per slab
+  constexpr int NT = (K - 1 + VEC - 1) / VEC;  // vectors of the K-1 tail tokens
+  constexpr int MAX_LEVELS = 24;               // chain levels 2 .. top_level - 1
+  static_assert(SLAB % VEC == 0, "vectors tile a slab");
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ dy = static_cast<const T*>(a.dy);
+  const TW* __restrict__ w = static_cast<const TW*>(a.w);
+  const TW* __restrict__ bias = static_cast<const TW*>(a.bias);
+  const T* __restrict__ init = static_cast<const T*>(a.init);
+  T* __restrict__ dx = static_cast<T*>(a.dx);
+  T* __restrict__ dinit = static_cast<T*>(a.dinit);
+  TG* __restrict__ dw = static_cast<TG*>(a.dw);
+  TG* __restrict__ db = static_cast<TG*>(a.db);
+  A* __restrict__ ws = static_cast<A*>(a.workspace);
+  const long long S = a.S, L = a.L, n_parts = a.n_parts, part_slabs = a.part_slabs;
+  const int C = (int)a.C, n_docs = (int)a.n_docs, accumulate = (int)a.accumulate;
+  const int top = (int)a.top_level, root = (int)a.root_level;
+  const DocArgs da{a.table, S, L, n_docs};
+
+  const int c = (int)(blockIdx.x / n_parts);  // parts of one channel are neighbours
+  const long long part = blockIdx.x - (long long)c * n_parts;
+  const long long n_slabs = (S + SLAB - 1) / SLAB;
+  const long long s_begin = part * part_slabs;
+  const long long s_end = min_<long long>(n_slabs, s_begin + part_slabs);
+  const int bd = (int)blockDim.x, n1 = bd / FAN, n2 = bd / (FAN * FAN);
+  CONV1D_SILU_DYNAMIC_SMEM(smem_raw);
+  A* slot = reinterpret_cast<A*>(smem_raw);  // [NB][bd] slabs, then [NB][n1] and [NB][n2] nodes
+  A* lv1 = slot + NB * bd;
+  A* lv2 = lv1 + NB * n1;
+
+  A wv[K][1], bv[1];
+  load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
+  // the chain (top > 2): thread k < NB keeps the running sum and child count of each level
+  A chain[MAX_LEVELS];
+  int count[MAX_LEVELS];
+  for (int l = 2; l < top; ++l) {
+    chain[l] = A(0);
+    count[l] = 0;
+  }
+  A top_value = A(0);
+  auto push = [&](int level, A v) {  // a finished node of `level` joins its parent
+    while (level < top) {
+      chain[level] = count[level] == 0 ? v : chain[level] + v;
+      if (++count[level] < FAN) return;
+      v = chain[level];
+      count[level] = 0;
+      ++level;
+    }
+    top_value = v;
+  };
+
+  for (long long base = s_begin; base < s_end; base += bd) {
+    A acc[NB];
+#pragma unroll
+    for (int k = 0; k < NB; ++k) acc[k] = A(0);
+    const long long s = base + threadIdx.x;
+    if (s < s_end) {
+      const long long t0 = s * SLAB;
+      const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
+      long long b = t0 / L, l = t0 - b * L;
+      // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows)
+      A xv[NV + NT][VEC], dv[NV + NT][VEC];
+      {
+        long long bb = b, ll = l;
+#pragma unroll
+        for (int q = 0; q < NV + NT; ++q) {
+          if (t0 + q * VEC < S) {
+            load_vec<true>(x, (I)bb * (I)a.x_bs + (I)c * (I)a.x_cs + (I)ll, xv[q]);
+            load_vec<true>(dy, (I)bb * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)ll, dv[q]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) xv[q][e] = dv[q][e] = A(0);
+          }
+          ll += VEC;
+          if (ll == L) {
+            ll = 0;
+            ++bb;
+          }
+        }
+      }
+      Docs<MODE> docs;
+      const int pos0 = docs.begin(da, t0, K - 1);
+      // Rings over the last K tokens, as the channel-last walk keeps them: the token stepped at
+      // phase P in slot P, tap k in slot (P + 1 + k) % K; xr = xx, gr = g, dr = document ordinal
+      // (-2: before t0, -1: past the sequence), fr = a document starts there, sr = its state row.
+      A xr[K], gr[K];
+      int dr[K], sr[K];
+      bool fr[K];
+#pragma unroll
+      for (int m = 0; m < K; ++m) {
+        dr[m] = -2;
+        sr[m] = 0;
+        fr[m] = false;
+        gr[m] = A(0);
+      }
+      {
+        A taps[K - 1];
+        taps_before<K, HAS_INIT, A, T, I>(x + (I)b * (I)a.x_bs + (I)c * (I)a.x_cs, init, C, c, l, pos0, docs.state,
+                                          n_docs, taps);
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) xr[(1 + m) % K] = taps[m];
+      }
+      int ordinal = 0;
+      A dxv[VEC];
+      long long ub = b, ul = l;  // (row, token) of the next dx vector
+      static_for<0, SLAB + K - 1>([&](auto jj) {
+        constexpr int J = decltype(jj)::value, P = J % K;
+        const long long t = t0 + J;
+        A g = A(0);
+        int d_new = -1, s_new = 0;
+        bool start = false;
+        if (J < SLAB ? J < own : t < S) {
+          const A xval = xv[J / VEC][J % VEC], dval = dv[J / VEC][J % VEC];
+          if (J == 0) {
+            start = pos0 == 0;
+          } else if (docs.next(da, t)) {  // a document starts at t: its initial state precedes it
+            start = true;
+            ++ordinal;
+#pragma unroll
+            for (int m = 0; m < K - 1; ++m)
+              xr[(P + 1 + m) % K] = HAS_INIT && docs.state < n_docs
+                                        ? cvt<A>(load_ro(init + ((I)docs.state * (K - 1) + m) * (I)C + c))
+                                        : A(0);
+          }
+          xr[P] = xval;
+          if (docs.padding()) {  // padding passes no gradient
+            g = A(0);
+          } else if (SILU) {
+            A z = bv[0];
+#pragma unroll
+            for (int k = 0; k < K; ++k) z = fma_(wv[k][0], xr[(P + 1 + k) % K], z);
+            g = dval * silu_grad(z, sigmoid(z));
+          } else {
+            g = dval;
+          }
+          if (J < SLAB) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) acc[k] = fma_(g, xr[(P + 1 + k) % K], acc[k]);
+            if (HAS_BIAS) acc[NB - 1] += g;
+          }
+          d_new = ordinal;
+          s_new = docs.state;
+        }
+        dr[P] = d_new;
+        sr[P] = s_new;
+        fr[P] = start;
+        gr[P] = g;
+
+        // window row m is ring slot (P + 1 + m) % K, token t - (K-1) + m
+        constexpr int JU = J - (K - 1);
+        if (JU >= 0 && JU < own) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's document
+          constexpr int first = (P + 1) % K;
+          A v = A(0);
+#pragma unroll
+          for (int m = 0; m < K; ++m)
+            if (dr[(P + 1 + m) % K] == dr[first]) v = fma_(wv[K - 1 - m][0], gr[(P + 1 + m) % K], v);
+          dxv[JU % VEC] = v;
+          if (JU % VEC == VEC - 1) {
+            store_vec(dx, (I)ub * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)ul, dxv);
+            ul += VEC;
+            if (ul == L) {
+              ul = 0;
+              ++ub;
+            }
+          }
+        }
+        if (HAS_INIT) {
+          // A document starting at window row m >= 1 completes its initial-state row K-1-m.
+#pragma unroll
+          for (int m = 1; m < K; ++m) {
+            const int q0 = (P + 1 + m) % K;
+            if (fr[q0] && sr[q0] < n_docs && JU + m >= 0 && JU + m < own) {
+              A v = A(0);
+#pragma unroll
+              for (int q = m; q < K; ++q)
+                if (dr[(P + 1 + q) % K] == dr[q0]) v = fma_(wv[K - 1 - q][0], gr[(P + 1 + q) % K], v);
+              dinit[((I)sr[q0] * (K - 1) + (K - 1 - m)) * (I)C + c] = cvt<T>(v);
+            }
+          }
+        }
+      });
+    }
+
+    // The round's slabs into level-1 and level-2 nodes, children in index order.
+#pragma unroll
+    for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < NB * n1; i += bd) {
+      const int k = i / n1, n = i - k * n1;
+      A v = slot[k * bd + n * FAN];
+#pragma unroll
+      for (int j = 1; j < FAN; ++j) v += slot[k * bd + n * FAN + j];
+      lv1[k * n1 + n] = v;
+    }
+    __syncthreads();
+    const long long n_nodes2 = (n_slabs + FAN * FAN - 1) / (FAN * FAN);
+    for (int i = threadIdx.x; i < NB * n2; i += bd) {
+      const int k = i / n2, n = i - k * n2;
+      A v = lv1[k * n1 + n * FAN];
+#pragma unroll
+      for (int j = 1; j < FAN; ++j) v += lv1[k * n1 + n * FAN + j];
+      const long long node = base / (FAN * FAN) + n;
+      if (top > 2) {
+        lv2[k * n2 + n] = v;
+      } else if (node < n_nodes2) {
+        if (root == 2) {
+          write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, v);
+        } else {
+          ws[(node * NB + k) * C + c] = v;
+        }
+      }
+    }
+    if (top > 2) {
+      __syncthreads();
+      if ((int)threadIdx.x < NB)
+        for (int n = 0; n < n2; ++n) push(2, lv2[threadIdx.x * n2 + n]);
+    }
+    __syncthreads();  // the slots are reused by the next round
+  }
+
+  if (top > 2 && (int)threadIdx.x < NB) {
+    // The part's last nodes may lack children past the sequence: each partial level adds its +0
+    // (one add stands for all: (v + 0) + 0 == v + 0) and joins its parent.
+    for (int level = 2; level < top; ++level)
+      if (count[level] > 0) {
+        const A v = chain[level] + A(0);
+        count[level] = 0;
+        push(level + 1, v);
+      }
+    const int k = threadIdx.x;
+    if (top == root) {
+      write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, top_value);
+    } else {
+      ws[(part * NB + k) * C + c] = top_value;
+    }
+  }
+}
