@@ -6,9 +6,12 @@ and :func:`from_tokens`, so every argument reaches the op in every layout:
 
 * ``"BLC"``: x is ``(S, C)`` or ``(B, L, C)``; states are ``(N, K-1, C)``.
 * ``"BCL"``: x is ``(B, C, L)`` like ``nn.Conv1d``'s input and causal-conv1d's; states are
-  ``(N, C, K-1)``. Channel-last memory (``x.stride(1) == 1``, e.g. ``h.transpose(1, 2)``) with evenly
-  spaced rows is read in place; any other strides are copied to channel-last first, and the output of
-  a channel-first x is copied back into x's layout (``torch.empty_like(x)``'s strides).
+  ``(N, C, K-1)``. It reaches the op as its ``(B, L, C)`` view: channel-first memory (the sequence
+  contiguous, ``x.stride(2) == 1``, any batch and channel strides, e.g. a ``chunk`` of a wider
+  projection) runs the channel-first kernels in place, channel-last memory (``x.stride(1) == 1``,
+  e.g. ``h.transpose(1, 2)``) with evenly spaced rows the channel-last ones; any other strides are
+  copied to channel-last first. The output takes x's layout (``torch.empty_like(x)``'s strides, as
+  causal-conv1d's).
 
 A 3-D x of one batch row with ``cu_seqlens`` holds packed documents (flash-linear-attention's
 form): it runs as ``(S, C)`` tokens.
@@ -21,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from .dtypes import FLOAT_DTYPES
-from .validation import fail, row_stride
+from .validation import channel_first, fail, row_stride
 
 LAYOUTS = ("BLC", "BCL")
 
@@ -34,7 +37,6 @@ class Tokens(NamedTuple):
     initial_states: torch.Tensor | None
     layout: str
     packed_row: bool  # a (1, L, C) batch row ran as (L, C) packed tokens
-    channel_first: torch.Tensor | None  # a channel-first x, copied in: the output goes back to its layout
 
 
 def to_tokens(
@@ -45,7 +47,6 @@ def to_tokens(
         fail("layout", "'BLC' or 'BCL'", repr(layout))
     if not isinstance(x, torch.Tensor):
         fail("x", "a torch.Tensor", type(x).__name__, TypeError)
-    channel_first = None
     if layout == "BCL":
         if x.dim() != 3:
             fail("x", "shape (B, C, L) with layout='BCL'", tuple(x.shape))
@@ -55,19 +56,17 @@ def to_tokens(
             if initial_states.dim() != 3:
                 fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
             initial_states = initial_states.transpose(1, 2)
-        if x.shape[1] > 1 and x.stride(1) != 1:
-            channel_first = x
         x = x.transpose(1, 2)
-        if channel_first is not None or row_stride(x) is None:
-            # channel-first memory, or channel-last rows not evenly spaced (any strides are taken in
-            # this layout, as causal-conv1d takes them)
+        if row_stride(x) is None and not channel_first(x):
+            # neither layout's kernels read it in place (any strides are taken in this layout, as
+            # causal-conv1d takes them)
             x = x.contiguous()
-    packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1
+    packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1 and not channel_first(x)
     if packed_row:
         x = x[0]
         if isinstance(seq_idx, torch.Tensor) and seq_idx.dim() == 2:
             seq_idx = seq_idx[0]
-    return Tokens(x, seq_idx, initial_states, layout, packed_row, channel_first)
+    return Tokens(x, seq_idx, initial_states, layout, packed_row)
 
 
 def from_tokens(t: Tokens, y: torch.Tensor, final: torch.Tensor | None):
@@ -75,9 +74,7 @@ def from_tokens(t: Tokens, y: torch.Tensor, final: torch.Tensor | None):
     if t.packed_row:
         y = y.unsqueeze(0)
     if t.layout == "BCL":
-        y = y.transpose(1, 2)
-        if t.channel_first is not None:  # x's strides, as causal-conv1d's torch.empty_like(x)
-            y = torch.empty_like(t.channel_first).copy_(y)
+        y = y.transpose(1, 2)  # in x's layout already (ops.like_x)
         if final is not None:
             final = final.transpose(1, 2)
     return y if final is None else (y, final)

@@ -22,11 +22,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import config, decoding, gpu, reference, routes
+from . import config, decoding, gpu, gpu_bcl, reference, routes
 from .documents import DocTable, doc_table, num_documents
-from .runtime import device_index
+from .runtime import device_index, overlaps
 from .states import add_final_state_grads
-from .validation import row_stride
+from .validation import channel_first, row_stride
 
 Tensor_ = Optional[Tensor]
 
@@ -105,13 +105,15 @@ def choose(
         return routes.PROGRAMS["reference"]
     variant = routes.variant_name(direction, has_bias, doc.table is not None, fp32_grads)
     C, K = weight.shape
-    return routes.select(_arch(x.device), variant, C, doc.S, K, routes.dtype_name(x.dtype))
+    layout = "BCL" if channel_first(x) else "BLC"
+    return routes.select(_arch(x.device), variant, C, doc.S, K, routes.dtype_name(x.dtype), layout)
 
 
 class Route:
     """The programs of one call signature (shapes, strides, dtypes, flags, device, program), x's row
-    stride, and the launches planned for them, filled in by the first call of each alignment class of
-    the data pointers (and, backward, each row stride of dy); see gpu.forward."""
+    stride (None: x is channel-first), and the launches planned for them, filled in by the first call
+    of each alignment class of the data pointers (and, backward, each row stride of dy); see
+    gpu.forward."""
 
     __slots__ = ("fwd", "bwd", "x_stride", "fwd_plans", "bwd_plans")
 
@@ -136,6 +138,18 @@ def route(
     return Route(fwd, bwd, row_stride(x))
 
 
+def like_x(x: Tensor) -> Tensor:
+    """An output of x's shape in x's layout: channel-first memory for channel-first x (as
+    causal-conv1d's ``torch.empty_like``), else contiguous. The fake kernels give the same."""
+    return gpu_bcl.like_x(x) if channel_first(x) else x.new_empty(x.shape)
+
+
+def _channel_first_copy(t: Tensor) -> Tensor:
+    """A (S, C) or (B, L, C) tensor copied to channel-first memory, as a (B, L, C) view."""
+    t3 = t if t.dim() == 3 else t.unsqueeze(0)
+    return t3.new_empty((t3.shape[0], t3.shape[2], t3.shape[1])).transpose(1, 2).copy_(t3)
+
+
 def forward_impl(
     x: Tensor,
     weight: Tensor,
@@ -147,10 +161,24 @@ def forward_impl(
     program: str | None,
     route: Route | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """y and the final states; ``route``: the call signature's programs and plans (eager calls),
-    else the program is chosen now by ``program``."""
+    """y (x's layout, :func:`like_x`) and the final states; ``route``: the call signature's programs
+    and plans (eager calls), else the program is chosen now by ``program``. A program of the other
+    layout than x's (forced, or the reference for channel-first x) runs on a copy of x in its own."""
     if route is None:
         route = Route(choose("fwd", x, weight, bias is not None, doc, False, program), None, row_stride(x))
+    prog, cf = route.fwd, route.x_stride is None
+    if prog.cuda and prog.layout == "BCL":
+        y, final = gpu_bcl.forward(
+            x if cf else _channel_first_copy(x), weight, bias, doc, initial_states, return_final_states, silu,
+            _launcher,
+        )
+        return (y if cf else y.contiguous().view(x.shape)), final
+    if cf:
+        y, final = forward_impl(
+            x.contiguous(), weight, bias, doc, initial_states, return_final_states, silu, None,
+            Route(prog, None, x.shape[-1]),
+        )
+        return like_x(x).copy_(y), final
     if not route.fwd.cuda:
         return reference.forward(x, weight, bias, doc, initial_states, return_final_states, silu)
     return gpu.forward(
@@ -175,13 +203,63 @@ def backward_impl(
     trailing: tuple[Tensor, Tensor] | None = None,
     route: Route | None = None,
     keep_scratch: bool = True,
+    dx_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """dx, dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias grads are
-    added into the given fp32 buffers instead. ``trailing``: see gpu.backward. ``route``: as for
-    :func:`forward_impl`. ``keep_scratch``: see gpu.backward_scratch."""
+    """dx (x's layout), dweight (C, K), dbias, dinitial; with ``weight_grad_out`` the weight/bias
+    grads are added into the given fp32 buffers instead. ``trailing``: see gpu.backward. ``route``: as
+    for :func:`forward_impl`. ``keep_scratch``: see gpu.backward_scratch. ``dx_out``: a tensor of x's
+    shape that receives dx (the channel-first kernels write it in place where it overlaps no input)."""
     if route is None:
         fp32_grads = _fp32_grads(grad_dtype, weight, weight_grad_out is not None)
         route = Route(None, choose("bwd", x, weight, bias is not None, doc, fp32_grads, program), row_stride(x))
+    prog, cf = route.bwd, route.x_stride is None
+    if cf or prog.layout == "BCL":
+        dx, dw, db, dinit = _backward_across_layouts(
+            dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
+            prog, keep_scratch, dx_out,
+        )
+    else:
+        dx, dw, db, dinit = _backward_channel_last(
+            dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
+            trailing, route, keep_scratch,
+        )
+    if dx_out is not None and dx is not dx_out:
+        dx = dx_out.copy_(dx)
+    return dx, dw, db, dinit
+
+
+def _backward_across_layouts(
+    dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out, prog,
+    keep_scratch, dx_out,
+):
+    """The backward of channel-first x, or of a channel-first program forced on channel-last x: the
+    channel-first kernels in place, anything else on token-major copies (dx back in x's layout)."""
+    cf = channel_first(x)
+    if not (prog.cuda and prog.layout == "BCL"):  # the reference or a channel-last program
+        dx, dw, db, dinit = backward_impl(
+            dy.contiguous(), x.contiguous(), weight, bias, doc, initial_states, dfinal, silu, grad_dtype, None,
+            weight_grad_out, bias_grad_out, route=Route(None, prog, x.shape[-1]), keep_scratch=keep_scratch,
+        )
+        return like_x(x).copy_(dx), dw, db, dinit
+    xf = x if cf else _channel_first_copy(x)
+    # dy in place where its sequence is contiguous; else (channel-last, expanded) copied like x
+    dyf = dy if cf and dy.stride(1) == 1 else _channel_first_copy(dy)
+    into = dx_out if cf and dx_out is not None and dx_out.stride(1) == 1 else None
+    if into is not None and (overlaps(into, x) or overlaps(into, dy)):
+        into = None  # computed in storage of its own, then copied
+    dx, dw, db, dinit = gpu_bcl.backward(
+        dyf, xf, weight, bias, doc, initial_states, silu, grad_dtype, weight_grad_out, bias_grad_out, _launcher,
+        into, keep_scratch,
+    )
+    if dfinal is not None:
+        add_final_state_grads(dx, dinit, dfinal, doc, weight.shape[1])
+    return (dx if cf else dx.contiguous().view(x.shape)), dw, db, dinit
+
+
+def _backward_channel_last(
+    dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out, trailing,
+    route, keep_scratch,
+):
     prog = route.bwd
     if not prog.cuda:
         out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
@@ -204,7 +282,7 @@ def backward_impl(
         bias_grad_out, _launcher, trailing, route.bwd_plans, keep_scratch,
     )
     if dfinal is not None:
-        add_final_state_grads(dx.view(doc.S, weight.shape[0]), dinit, dfinal, doc, weight.shape[1])
+        add_final_state_grads(dx, dinit, dfinal, doc, weight.shape[1])
     return dx, dw, db, dinit
 
 
@@ -251,7 +329,7 @@ def _fwd_fake(
     x, weight, bias, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu, fp32_grads, program
 ):
     n = num_documents(x, seq_idx, cu_seqlens, initial_states) if return_final_states else 0
-    return x.new_empty(x.shape), _states_like(x, weight, 0 if n is None else n)
+    return like_x(x), _states_like(x, weight, 0 if n is None else n)
 
 
 def _dinit_like(x: Tensor, weight: Tensor, initial_states: Tensor_) -> Tensor:
@@ -287,7 +365,7 @@ def bwd(
 def _bwd_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, silu, fp32_grads, program):
     grad_dtype = torch.float32 if fp32_grads else weight.dtype
     dw = weight.new_empty(weight.shape, dtype=grad_dtype)
-    return x.new_empty(x.shape), dw, _bias_grad_like(weight, bias, grad_dtype), _dinit_like(x, weight, initial_states)
+    return like_x(x), dw, _bias_grad_like(weight, bias, grad_dtype), _dinit_like(x, weight, initial_states)
 
 
 @torch.library.custom_op("conv1d_silu::bwd_main_grad", mutates_args=("weight_main_grad", "bias_main_grad"))
@@ -316,7 +394,7 @@ def bwd_main_grad(
 
 @bwd_main_grad.register_fake
 def _bwd_main_grad_fake(dy, x, weight, bias, seq_idx, cu_seqlens, initial_states, dfinal, wmg, bmg, silu, program):
-    return x.new_empty(x.shape), _dinit_like(x, weight, initial_states)
+    return like_x(x), _dinit_like(x, weight, initial_states)
 
 
 # ---- the decoding step ----------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Programs and the route table. Pure Python: testable without a GPU.
 
-A *program* is a kernel entry point plus its launch geometry. A *route* maps (arch, variant) to
-an ordered list of rules; each rule names a program with a channel band ``[c_lo, c_hi)``, a token
-floor ``s_min`` and optional dtype / K conditions. The first matching rule wins; every route ends
-in a default rule that matches everything.
+A *program* is a kernel entry point plus its launch geometry, for one memory layout of x:
+channel-last (``"BLC"``, channels contiguous) or channel-first (``"BCL"``, the sequence contiguous).
+A *route* maps (arch, variant) to an ordered list of rules; each rule names a program with a channel
+band ``[c_lo, c_hi)``, a token floor ``s_min`` and optional dtype / K conditions. The first matching
+rule whose program reads x's layout wins; every route ends in a default rule that matches
+everything, and each layout has a default program of its own.
 
 The rules are data: ``route_tables/<arch>.json`` (package data), one file per arch, written by
 ``python -m conv1d_silu.tune``; an arch without a file routes every call to the default programs.
@@ -48,6 +50,7 @@ class Program:
     # the forward's 256-thread CTAs cover whole rows; the backward's cover max_tile_vectors
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
+    layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
 
     @property
     def cta_level(self) -> int:
@@ -184,6 +187,20 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
             flat=True,
         ),
+        # Channel-first x ((B, C, L), the sequence contiguous: causal-conv1d's layout, and mamba_ssm's
+        # chunks of its in-projection) in place.
+        Program(
+            "fwd_bcl",
+            "fwd",
+            "channel-first forward: each thread computes 2 vectors of up to 8 tokens of one channel",
+            layout="BCL",
+        ),
+        Program(
+            "bwd_bcl",
+            "bwd",
+            "channel-first backward: each thread walks one slab of one channel; CTAs fold rounds of 256 slabs",
+            layout="BCL",
+        ),
         Program(
             "rowgroup_sm",
             "bwd",
@@ -271,6 +288,7 @@ class Rule:
 
 FWD_DEFAULT = Rule("fwd_rows")
 BWD_DEFAULT = Rule("rowgroup")
+LAYOUT_DEFAULTS = {"BCL": {"fwd": Rule("fwd_bcl"), "bwd": Rule("bwd_bcl")}}  # layouts other than BLC
 
 
 def default_rule(variant: str) -> Rule:
@@ -352,7 +370,8 @@ def parse_table(data, source: str) -> tuple[str, dict[str, tuple[Rule, ...]]]:
         rules = tuple(
             _rule(raw, f"routes.{variant}[{i}]", variant[:3], fail) for i, raw in enumerate(raw_rules)
         )
-        catch_all = [i for i, r in enumerate(rules) if r.is_default]
+        # channel-first calls fall back to their layout's default: only a channel-last rule catches all
+        catch_all = [i for i, r in enumerate(rules) if r.is_default and PROGRAMS[r.program].layout == "BLC"]
         if not catch_all:
             fail(f"routes.{variant}: no default: the last rule must match every call (only 'program')")
         if catch_all[0] != len(rules) - 1:
@@ -444,22 +463,29 @@ def _warn_unmeasured(arch: str) -> None:
 
 
 @functools.lru_cache(maxsize=16384)
-def rule_for(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Rule:
-    """The first rule of the route that matches (cached: calls repeat the same shapes)."""
+def rule_for(
+    arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16", layout: str = "BLC"
+) -> Rule:
+    """The first rule of the route that matches, among those of x's layout (cached: calls repeat
+    the same shapes)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
     if arch not in ROUTES:
         _warn_unmeasured(arch)
         arch = "generic"
     for rule in ROUTES[arch][variant]:
-        if rule.matches(C, S, K, dtype):
+        if PROGRAMS[rule.program].layout == layout and rule.matches(C, S, K, dtype):
             return rule
+    if layout in LAYOUT_DEFAULTS:
+        return LAYOUT_DEFAULTS[layout][variant[:3]]
     raise AssertionError(f"route {arch}/{variant} has no default")  # pragma: no cover
 
 
-def select(arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16") -> Program:
-    """The program that runs ``variant`` on ``arch`` for C channels and S tokens."""
-    return PROGRAMS[rule_for(arch, variant, C, S, K, dtype).program]
+def select(
+    arch: str, variant: str, C: int, S: int, K: int = 4, dtype: str = "bfloat16", layout: str = "BLC"
+) -> Program:
+    """The program that runs ``variant`` on ``arch`` for C channels and S tokens of x in ``layout``."""
+    return PROGRAMS[rule_for(arch, variant, C, S, K, dtype, layout).program]
 
 
 @functools.cache

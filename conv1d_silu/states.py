@@ -22,9 +22,10 @@ def final_state_sources(doc: DocTable, K: int, device: torch.device):
 
 
 def add_final_state_grads(
-    dx2: torch.Tensor, dinit: torch.Tensor | None, dfinal: torch.Tensor, doc: DocTable, K: int
+    dx: torch.Tensor, dinit: torch.Tensor | None, dfinal: torch.Tensor, doc: DocTable, K: int
 ) -> None:
-    """Add the gradient of final_states into dx2 (S, C) and dinit, in place.
+    """Add the gradient of final_states into dx ((S, C) or (B, L, C), any strides) and dinit, in
+    place.
 
     final_states[d, j] copies one token of document d (or one of its initial state rows when the
     document is shorter than K-1), so every gradient element lands on one distinct place: the
@@ -34,7 +35,9 @@ def add_final_state_grads(
     zero = torch.zeros((), dtype=dfinal.dtype, device=dfinal.device)
     if doc.S > 0:
         on_x = torch.where(from_x.unsqueeze(2), dfinal, zero)
-        dx2.index_put_((src.clamp(0, doc.S - 1).flatten(),), on_x.flatten(0, 1).to(dx2.dtype), accumulate=True)
+        token = src.clamp(0, doc.S - 1).flatten()
+        at = (token,) if dx.dim() == 2 else (token // dx.shape[1], token % dx.shape[1])
+        dx.index_put_(at, on_x.flatten(0, 1).to(dx.dtype), accumulate=True)
     if dinit is not None:
         n = torch.arange(src.shape[0], device=src.device).unsqueeze(1).expand_as(src)
         on_init = torch.where(from_x.unsqueeze(2), zero, dfinal)

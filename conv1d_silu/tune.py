@@ -98,7 +98,11 @@ def _call(variant: str, name: str, x, dy, w, b, doc, grad_dtype):
 
 
 def _programs(variant: str, only: list[str] | None = None) -> list[str]:
-    return [n for n, p in routes.PROGRAMS.items() if p.direction == variant[:3] and (not only or n in only)]
+    """The channel-last programs of the variant's direction (the grid's x is channel-last)."""
+    return [
+        n for n, p in routes.PROGRAMS.items()
+        if p.direction == variant[:3] and p.layout == "BLC" and (not only or n in only)
+    ]
 
 
 def _timed(variant: str, C: int, S: int, K: int, dtype, programs, arch: str | None) -> list[str]:

@@ -87,13 +87,22 @@ def row_stride(t: torch.Tensor, repeated: bool = False) -> int | None:
     return rs if rs >= C or repeated and rs == 0 else None
 
 
+def channel_first(t: torch.Tensor) -> bool:
+    """A (B, L, C) view of channel-first memory: the sequence contiguous (``t.stride(1) == 1``, e.g.
+    ``h.transpose(1, 2)`` of a ``(B, C, L)`` tensor) and not readable as channel-last rows. The
+    channel-first kernels read it in place, with any batch and channel strides."""
+    return t.dim() == 3 and t.shape[1] > 1 and t.stride(1) == 1 and row_stride(t) is None
+
+
 def check_x_layout(x: torch.Tensor) -> None:
-    """x is read in place: channel stride 1, evenly spaced tokens at a stride >= C."""
-    if row_stride(x) is None:
+    """x is read in place: channel-last (channel stride 1, evenly spaced tokens at a stride >= C) or
+    channel-first (:func:`channel_first`)."""
+    if row_stride(x) is None and not channel_first(x):
         fail(
             "x",
             "channel stride 1 and evenly spaced tokens with token stride >= C "
-            "(for 3-D x, batch stride = L * token stride); call .contiguous()",
+            "(for 3-D x, batch stride = L * token stride), or for 3-D x token stride 1 "
+            "(channel-first); call .contiguous()",
             f"strides {tuple(x.stride())} for shape {tuple(x.shape)}",
         )
 
@@ -161,7 +170,7 @@ def check_inputs(
     if cu_seqlens is not None:
         cu_seqlens = _tensor("cu_seqlens", cu_seqlens)
         _same_device("cu_seqlens", cu_seqlens, x)
-        if x.dim() != 2:
+        if x.dim() == 3 and x.shape[0] != 1:
             fail("cu_seqlens", "None for 3-D x of several batch rows (each row is a document)", "a tensor")
         if cu_seqlens.dtype not in TABLE_DTYPES:
             fail("cu_seqlens", "dtype torch.int32 or torch.int64", cu_seqlens.dtype, TypeError)

@@ -1,7 +1,8 @@
 """causal-conv1d's calling convention on the op: ``(B, D, L)`` tensors in either memory layout.
 
-Channel-last memory (``x.stride(1) == 1``) is read in place; channel-first memory is copied to
-channel-last first (see :mod:`conv1d_silu.layout`). States are ``(B, D, W-1)``.
+Both memory layouts are read in place (``x.stride(2) == 1``: channel-first, ``x.stride(1) == 1``:
+channel-last; see :mod:`conv1d_silu.layout`), and the output takes x's layout. States are
+``(B, D, W-1)``.
 """
 
 from __future__ import annotations

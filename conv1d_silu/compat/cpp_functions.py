@@ -34,14 +34,16 @@ def causal_conv1d_fwd_function(
     return out if final_states_out is None else out[0]
 
 
-def _op_backward(dy, x, w, bias, seq_idx, init, dfinal, silu: bool, doc: DocTable):
-    """dx, dweight, dbias, dinitial in the op's token-major form: the implementation in eager mode,
-    the custom op (with its fake kernel) while compiling."""
+def _op_backward(dy, x, w, bias, seq_idx, init, dfinal, silu: bool, doc: DocTable, dx_out):
+    """dx, dweight, dbias, dinitial in the op's token-major form: the implementation in eager mode
+    (dx written into ``dx_out`` when given), the custom op (with its fake kernel) while compiling."""
     if not torch.compiler.is_compiling():
-        return ops.backward_impl(dy, x, w, bias, doc, init, dfinal, silu, w.dtype, None)
+        return ops.backward_impl(dy, x, w, bias, doc, init, dfinal, silu, w.dtype, None, dx_out=dx_out)
     dx, dw, db, dinit = torch.ops.conv1d_silu.bwd(
         dy, x, w, bias, seq_idx, None, init, dfinal, silu, False, None
     )
+    if dx_out is not None:
+        dx = dx_out.copy_(dx)
     return dx, dw, db if bias is not None else None, dinit if init is not None else None
 
 
@@ -63,8 +65,9 @@ def causal_conv1d_bwd_function(
     The backward is deterministic (bitwise reproducible) whatever ``CAUSAL_CONV1D_DETERMINISTIC`` or
     ``torch.are_deterministic_algorithms_enabled()`` say. dout: x's shape and dtype, any strides.
     dx: None for a new tensor in x's layout, or a tensor of x's shape and dtype (any non-overlapping
-    strides, e.g. a slice of a larger gradient buffer) that is written in place and returned; it
-    may overlap x or dout (the gradient is computed in storage of its own, then copied).
+    strides, e.g. a slice of a larger gradient buffer) that is written in place and returned: by
+    the channel-first kernels directly where x and dx are channel-first and dx overlaps neither x
+    nor dout, else computed in storage of its own and copied.
     dfinal_states: ``(B, D, W-1)`` gradient of the final states, or None. dweight / dbias come in
     the parameters' dtype (dbias None without bias); dinitial_states ``(B, D, W-1)`` with
     ``stride(1) == 1`` when ``return_dinitial_states`` (the gradient w.r.t. the zero padding when
@@ -100,15 +103,12 @@ def causal_conv1d_bwd_function(
     )
     dfinal = None if dfinal_states is None else dfinal_states.transpose(1, 2)
     grad, dw, db, dinit = _op_backward(
-        dout.transpose(1, 2), tokens.x, w2, bias, tokens.seq_idx, tokens.initial_states, dfinal, silu, doc
+        dout.transpose(1, 2), tokens.x, w2, bias, tokens.seq_idx, tokens.initial_states, dfinal, silu, doc,
+        None if dx is None else dx.transpose(1, 2),
     )
-    grad = grad.transpose(1, 2)
-    if dx is not None:
-        dx.copy_(grad)  # computed in storage of its own first: dx may overlap x or dout
-    elif conv.channel_last(x):
-        dx = grad
-    else:
-        dx = torch.empty_like(x).copy_(grad)
+    if dx is None:
+        grad = grad.transpose(1, 2)  # x's layout where the kernels read x in place
+        dx = grad if conv.channel_last(x) or x.stride(2) == 1 else torch.empty_like(x).copy_(grad)
     dinit = dinit.transpose(1, 2) if return_dinitial_states else None
     return dx, dw.view(weight.shape), db, dinit
 

@@ -1,5 +1,5 @@
-"""CUDA C++ kernel sources (a forward, a backward and a decoding-step template) and their instantiation
-names."""
+"""CUDA C++ kernel sources (a forward and a backward template for each layout, a decoding-step
+template) and their instantiation names."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 
 KERNEL_DIR = Path(__file__).resolve().parent
-SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_update")
+SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_bcl", "conv1d_silu_update")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 # The fields of each kernel's argument struct, in order (common.cuh: FwdArgs, BwdArgs, FoldArgs,
-# UpdateArgs):
+# FwdBclArgs, BwdBclArgs, UpdateArgs):
 # the host fills them by name and packs them as 8-byte slots.
 ARGS = {
     "conv1d_silu_fwd": (
@@ -28,6 +28,15 @@ ARGS = {
         "next_dy", "n_next", "n_vec", "split",
     ),
     "conv1d_silu_fold": ("workspace", "dw", "db", "accumulate", "C", "n_nodes", "levels"),
+    "conv1d_silu_fwd_bcl": (
+        "x", "x_bs", "x_cs", "w", "bias", "table", "n_docs", "init", "y", "y_bs", "y_cs", "final_states", "S", "C",
+        "L", "n_chunks",
+    ),
+    "conv1d_silu_bwd_bcl": (
+        "x", "x_bs", "x_cs", "dy", "dy_bs", "dy_cs", "w", "bias", "table", "n_docs", "init", "dx", "dx_bs", "dx_cs",
+        "dinit", "dw", "db", "accumulate", "workspace", "S", "C", "L", "n_parts", "part_slabs", "top_level",
+        "root_level",
+    ),
     "conv1d_silu_update": (
         "x", "x_bs", "x_cs", "x_ls", "state", "state_bs", "state_cs", "state_ls", "state_len", "w", "bias",
         "cache_seqlens", "state_indices", "out", "out_bs", "out_cs", "out_ls", "C", "L",

@@ -1,0 +1,233 @@
+"""Allocating wrappers of the channel-first kernels (kernels/conv1d_silu_bcl.cu): x, dy, y and dx
+``(B, C, L)`` with the sequence contiguous, passed here as their ``(B, L, C)`` views (the op's
+token-major shape: ``x.stride(1) == 1``), with any batch and channel strides.
+
+The outputs take x's memory layout as ``torch.empty_like`` gives it (channel-first, contiguous
+when x is not dense), which is what causal-conv1d returns; dweight / dbias fold through the same
+canonical tree as the channel-last backward (gpu.tree_shape, conv1d_silu_fold), so both layouts give
+the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import kernels
+from .documents import DocTable
+from .dtypes import accumulator_dtype
+from .gpu import (
+    CUDA, FAN, FOLD_COLS, FOLD_ROWS, FOLD_TENSORS, SLAB, Launcher, _nulls, alignment, backward_scratch, dense,
+    fold_plan, fresh_like, tree_shape,
+)
+from .runtime import Args, Launch
+
+FWD_BLOCK = 256  # threads of a forward CTA at most (fewer for short rows)
+FWD_VECTORS = 2  # vectors of VEC tokens per forward thread
+BWD_BLOCK = 256  # slabs per backward round: four level-2 nodes
+FWD_TENSORS = ("x", "w", "bias", "table", "init", "y", "final_states")
+BWD_TENSORS = ("x", "dy", "w", "bias", "table", "init", "dx", "dinit", "dw", "db", "workspace")
+
+
+def like_x(x: torch.Tensor) -> torch.Tensor:
+    """An output for channel-first ``x`` ((B, L, C) view, sequence contiguous): ``empty_like`` of the
+    ``(B, C, L)`` tensor where that keeps the sequence contiguous (x dense), else a contiguous
+    ``(B, C, L)`` tensor; as its (B, L, C) view. The custom ops' fakes call it too, so compiled and
+    eager calls agree on the strides."""
+    xt = x.transpose(1, 2)
+    out = torch.empty_like(xt)
+    if out.stride(2) != 1 and out.shape[2] > 1:
+        out = torch.empty(xt.shape, dtype=x.dtype, device=x.device)
+    return out.transpose(1, 2)
+
+
+def strides(t: torch.Tensor) -> tuple[int, int]:
+    """(batch, channel) strides of a (B, L, C) view of channel-first memory."""
+    return t.stride(0), t.stride(2)
+
+
+def vector_width(itemsize: int, L: int, spans: tuple[int, ...], align: int) -> int:
+    """Tokens per thread access: 16 bytes when L, the batch and channel strides and the addresses
+    allow, fewer else (a vector never spans two rows)."""
+    vec = 16 // itemsize
+    while vec > 1 and (L % vec or any(s % vec for s in spans) or align % (vec * itemsize)):
+        vec //= 2
+    return vec
+
+
+def _wide(B: int, L: int, C: int, spans: tuple[int, ...], n_docs: int, K: int) -> bool:
+    """Whether some offset the kernels form needs 64-bit indexing (spans: (batch, channel) stride
+    pairs of each tensor)."""
+    rows = [B * bs + C * cs + L for bs, cs in zip(spans[::2], spans[1::2])]
+    return max(rows + [(n_docs + 1) * (K - 1) * C]) >= 2**31
+
+
+@functools.lru_cache(maxsize=4096)
+def forward_plan(
+    dtype: torch.dtype, wdtype: torch.dtype, K: int, B: int, C: int, L: int, spans: tuple[int, ...], align: int,
+    has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, n_docs: int,
+) -> tuple[str, int, int, int]:
+    """The forward's instantiation, block, chunks per channel row and grid."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    vec = vector_width(itemsize, L, spans, align)
+    vectors = math.ceil(L / vec)
+    block = min(FWD_BLOCK, 32 * math.ceil(vectors / FWD_VECTORS / 32))
+    n_chunks = math.ceil(vectors / (block * FWD_VECTORS))
+    kernel = kernels.name_expression(
+        "conv1d_silu_fwd_bcl", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
+        "long long" if _wide(B, L, C, spans, n_docs, K) else "int", FWD_VECTORS,
+    )
+    return kernel, block, n_chunks, B * C * n_chunks
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+    launcher: Launcher = CUDA,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y (x's layout, :func:`like_x`) and final_states ((N, K-1, C) or None) of channel-first x."""
+    B, L, C = x.shape
+    K = weight.shape[1]
+    y = like_x(x)
+    final = None
+    if return_final_states:
+        final = (
+            initial_states.clone(memory_format=torch.contiguous_format)
+            if initial_states is not None
+            else x.new_zeros((doc.num_docs, K - 1, C))
+        )
+    if doc.S == 0:
+        return y, final
+    init = dense(initial_states)
+    n_docs = doc.num_docs or 0
+    spans = (*strides(x), *strides(y))
+    kernel, block, n_chunks, grid = forward_plan(
+        x.dtype, weight.dtype, K, B, C, L, spans, alignment(x, y), bias is not None, doc.mode, init is not None,
+        final is not None, silu, n_docs,
+    )
+    args = Args(
+        "conv1d_silu_fwd_bcl", FWD_TENSORS,
+        **_nulls(bias=bias is not None, table=doc.table is not None, init=init is not None, final_states=final is not None),
+        x_bs=x.stride(0), x_cs=x.stride(2), n_docs=n_docs, y_bs=y.stride(0), y_cs=y.stride(2), S=doc.S, C=C, L=L,
+        n_chunks=n_chunks,
+    )
+    launch = Launch("conv1d_silu_bcl", kernel, (grid, 1, 1), block, 0, args, index_64="long long" in kernel)
+    tensors = (x, dense(weight), dense(bias), doc.table, init, y, final)
+    launcher(launch.bind(tensors, (), ()), x.device)
+    return y, final
+
+
+def top_level(root: int) -> int:
+    """The tree level of the nodes a backward CTA makes: at most three levels below the root, so
+    conv1d_silu_fold folds at most 512 nodes per channel in its shared memory."""
+    return max(2, root - 3)
+
+
+@functools.lru_cache(maxsize=4096)
+def backward_plan(
+    dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
+    spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
+) -> tuple[str, int, int, int, int, int, int, int]:
+    """The backward's instantiation, block, shared memory, parts per channel, slabs per part, top and
+    root levels, and workspace nodes per channel."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    vec = vector_width(itemsize, L, spans, align)
+    S = B * L
+    root, nodes = tree_shape(S)
+    top = top_level(root)
+    n_slabs = nodes[0]
+    block = BWD_BLOCK if n_slabs > BWD_BLOCK // 2 else max(FAN * FAN, 64 * math.ceil(n_slabs / 64))
+    if top == 2:
+        part_slabs = block
+        n_parts = math.ceil(n_slabs / block)
+        ws_nodes = 0 if top == root else nodes[2]
+    else:
+        part_slabs = FAN**top
+        n_parts = nodes[top]
+        ws_nodes = 0 if top == root else nodes[top]
+    nb = K + has_bias
+    smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
+    kernel = kernels.name_expression(
+        "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
+        "long long" if _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 else "int",
+    )
+    return kernel, block, smem, n_parts, part_slabs, top, root, ws_nodes
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    doc: DocTable,
+    initial_states: torch.Tensor | None,
+    silu: bool,
+    grad_dtype: torch.dtype,
+    weight_grad_out: torch.Tensor | None = None,
+    bias_grad_out: torch.Tensor | None = None,
+    launcher: Launcher = CUDA,
+    dx: torch.Tensor | None = None,
+    keep_scratch: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
+    dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
+    B, L, C = x.shape
+    K = weight.shape[1]
+    has_bias = bias is not None
+    accumulate = weight_grad_out is not None
+    dx = like_x(x) if dx is None else dx
+    if accumulate:
+        dw, db = weight_grad_out, bias_grad_out
+    else:
+        dw = fresh_like(weight, grad_dtype)
+        db = fresh_like(bias, grad_dtype) if has_bias else None
+    dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format) if initial_states is not None else None
+    if doc.S == 0:
+        if not accumulate:
+            dw.zero_()
+            if db is not None:
+                db.zero_()
+        return dx, dw, db, dinit
+    init = dense(initial_states)
+    n_docs = doc.num_docs or 0
+    spans = (*strides(x), *strides(dy), *strides(dx))
+    kernel, block, smem, n_parts, part_slabs, top, root, ws_nodes = backward_plan(
+        x.dtype, weight.dtype, dw.dtype, K, B, C, L, spans, alignment(x, dy, dx), has_bias, doc.mode,
+        init is not None, silu, n_docs,
+    )
+    nb = K + has_bias
+    workspace, _ = backward_scratch(ws_nodes * nb * C, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
+    args = Args(
+        "conv1d_silu_bwd_bcl", BWD_TENSORS,
+        **_nulls(bias=has_bias, db=has_bias, table=doc.table is not None, init=init is not None, dinit=init is not None,
+                 workspace=ws_nodes > 0),
+        x_bs=x.stride(0), x_cs=x.stride(2), dy_bs=dy.stride(0), dy_cs=dy.stride(2), n_docs=n_docs,
+        dx_bs=dx.stride(0), dx_cs=dx.stride(2), accumulate=int(accumulate), S=doc.S, C=C, L=L, n_parts=n_parts,
+        part_slabs=part_slabs, top_level=top, root_level=root,
+    )
+    launch = Launch(
+        "conv1d_silu_bcl", kernel, (C * n_parts, 1, 1), block, smem, args, index_64="long long" in kernel
+    )
+    tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)
+    # the caller's dx and main_grad buffers could overlap an input: only they are checked
+    outputs = tuple(t for t in (dx, dw if accumulate else None, db if accumulate else None) if t is not None)
+    inputs = tuple(t for t in (x, dy, init) if t is not None)
+    launcher(launch.bind(tensors, outputs, inputs), x.device)
+    if ws_nodes:
+        f = fold_plan(x.dtype, dw.dtype, K, C, has_bias, ws_nodes, root - top)
+        fold_args = Args(
+            "conv1d_silu_fold", FOLD_TENSORS, **_nulls(db=has_bias), accumulate=int(accumulate), C=C,
+            n_nodes=f.n_nodes, levels=f.levels,
+        )
+        fold = Launch(
+            "conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, fold_args, programmatic=True
+        )
+        launcher(fold.bind((workspace, dw, db), (), ()), x.device)
+    return dx, dw, db, dinit

@@ -1,0 +1,188 @@
+"""The channel-first kernels: x ``(B, C, L)`` with the sequence contiguous, read and written in place.
+
+Their math is the channel-last kernels', operation for operation, so the property is bits: every
+output and gradient of a channel-first call equals that of the same values in channel-last memory
+(which test_layouts and test_conv1d_silu check against float64 references), for every variant.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conv1d_silu import causal_conv1d_silu, gpu_bcl, ops
+from conv1d_silu.compat import causal_conv1d_fn
+from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
+
+GRADS = ("x", "weight", "bias", "initial_states")
+
+# (B, C, L, K, dtype, wdtype, docs, states, bias, silu, grads)
+CASES = [
+    (2, 6, 64, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),
+    (3, 5, 48, 3, torch.bfloat16, torch.float32, "none", "both", False, True, "weight"),
+    (2, 4, 96, 4, torch.bfloat16, torch.float32, "seq_idx", "none", True, False, "fp32"),
+    (2, 4, 96, 4, torch.float16, torch.float32, "padding", "initial", True, True, "main_grad"),
+    (1, 3, 80, 2, torch.float32, torch.float32, "cu_seqlens", "both", True, True, "weight"),
+    (2, 3, 36, 8, torch.float32, torch.float32, "none", "both", True, True, "weight"),  # L % 8 != 0
+    (2, 3, 13, 4, torch.bfloat16, torch.bfloat16, "none", "initial", True, True, "weight"),  # 1 token per access
+    (2, 2, 24, 5, torch.float64, torch.float64, "seq_idx", "initial", True, True, "weight"),
+    (4, 2, 640, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # 80 slabs: 2 rounds
+]
+
+
+def _case(B, C, L, K, dtype, wdtype, docs, states, bias, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen).to(dt).to(device)
+
+    wide = rnd(B, 2 * C + 1, L)  # x is a chunk of a wider projection, as mamba_ssm's xz
+    kw = {}
+    n_states = B
+    if docs == "seq_idx":
+        ids = torch.zeros(B, L, dtype=torch.int32)
+        for r in range(B):
+            for cut in sorted(torch.randint(1, L, (3,), generator=gen).tolist()):
+                ids[r, cut:] += 1
+        kw["seq_idx"] = ids.to(device)
+    elif docs == "padding":  # causal-conv1d's padding tokens: between documents and at each row's end
+        row = [0] * 20 + [-1] * 5 + [1] * 45 + [2] * (L - 77) + [-1] * 7
+        kw["seq_idx"] = torch.tensor([row] * B, dtype=torch.int32, device=device)
+    elif docs == "cu_seqlens":
+        kw["cu_seqlens"] = torch.tensor([0, 5, 6, 40, 41, L], dtype=torch.int32, device=device)
+        n_states = 5
+    if states in ("initial", "both"):
+        kw["initial_states"] = rnd(n_states, C, K - 1)
+    if states in ("final", "both"):
+        kw["return_final_states"] = True
+    return wide[:, 1 : C + 1], rnd(C, K, dt=wdtype), rnd(C, dt=wdtype) if bias else None, kw
+
+
+def _run(x, w, b, kw, silu, grads, dy_seed=1):
+    """Outputs and gradients of one call with layout='BCL'."""
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_(grads != "main_grad")
+    b = None if b is None else b.detach().requires_grad_(grads != "main_grad")
+    kw = dict(kw)
+    if "initial_states" in kw:
+        kw["initial_states"] = kw["initial_states"].detach().requires_grad_()
+    extra = {}
+    if grads == "fp32":
+        extra["grad_dtype"] = torch.float32
+    if grads == "main_grad":
+        extra["weight_main_grad"] = torch.full(w.shape, 0.5, device=w.device)
+        if b is not None:
+            extra["bias_main_grad"] = torch.full(b.shape, -0.25, device=b.device)
+    out = causal_conv1d_silu(x, w, b, activation="silu" if silu else None, layout="BCL", **kw, **extra)
+    y, final = out if isinstance(out, tuple) else (out, None)
+    gen = torch.Generator().manual_seed(dy_seed)
+    loss = (y * torch.randn(y.shape, generator=gen).to(y)).sum()
+    if final is not None:
+        loss = loss + (final * torch.randn(final.shape, generator=gen).to(final)).sum()
+    loss.backward()
+    got = {"y": y, "final": final, "dx": x.grad}
+    got["dinit"] = kw["initial_states"].grad if "initial_states" in kw else None
+    if grads == "main_grad":
+        got.update(dw=extra["weight_main_grad"], db=extra.get("bias_main_grad"))
+    else:
+        got.update(dw=w.grad, db=None if b is None else b.grad)
+    return got
+
+
+def _launched(backend) -> list[str]:
+    return [launch.kernel.split("<")[0] for launch in ops._launcher.launches] if backend.name == "emu" else []
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
+def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
+    B, C, L, K, dtype, wdtype, docs, states, bias, silu, grads = case
+    x, w, b, kw = _case(B, C, L, K, dtype, wdtype, docs, states, bias, kernel_backend.device)
+    assert x.stride(2) == 1 and x.stride(1) == L
+    first = _run(x, w, b, kw, silu, grads)
+    if kernel_backend.name == "emu":
+        assert set(_launched(kernel_backend)) <= {"conv1d_silu_fwd_bcl", "conv1d_silu_bwd_bcl", "conv1d_silu_fold"}
+    x_last = x.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, channel-last memory
+    last = _run(x_last, w, b, kw, silu, grads)
+    for name, got in first.items():
+        want = last[name]
+        if want is None:
+            assert got is None, name
+            continue
+        assert torch.equal(got, want), f"{name}: max diff {(got.double() - want.double()).abs().max().item()}"
+    # the outputs take x's layout: empty_like of a chunk is contiguous channel-first memory
+    assert first["y"].is_contiguous() and first["dx"].is_contiguous()
+    assert last["y"].stride(1) == 1 and last["dx"].stride(1) == 1
+
+
+def test_channel_first_reads_x_in_place(kernel_backend):
+    if kernel_backend.name != "emu":
+        pytest.skip("the emulator records the launches")
+    x, w, b, _ = _case(2, 4, 64, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, "cpu")
+    x = x.detach().requires_grad_()
+    y = causal_conv1d_silu(x, w, b, layout="BCL")
+    y.sum().backward()
+    fwd, bwd = ops._launcher.launches[-2:]
+    for seen in (fwd.tensors[0], bwd.tensors[0]):  # x's own memory, as its (B, L, C) view
+        assert seen.data_ptr() == x.data_ptr() and seen.transpose(1, 2).stride() == x.stride()
+    dense = torch.randn(2, 4, 64, dtype=torch.bfloat16).permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    assert causal_conv1d_silu(dense, w, b, layout="BCL").stride() == dense.stride(), "empty_like(x)'s strides"
+
+
+def test_the_climb_through_running_sums_gives_the_same_bits(kernel_backend, monkeypatch):
+    """Where a CTA's part is a node above level 2 (a million tokens and up on their own), its level-2
+    nodes climb through running sums; forced here at 2^16 tokens."""
+    x, w, b, _ = _case(1, 2, 1 << 16, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, kernel_backend.device)
+    want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, {}, True, "weight")
+    monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
+    gpu_bcl.backward_plan.cache_clear()
+    try:
+        got = _run(x, w, b, {}, True, "weight")
+    finally:
+        gpu_bcl.backward_plan.cache_clear()
+    for name in ("dx", "dw", "db"):
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_mamba_inner_dx_is_written_in_place(kernel_backend):
+    """mamba_inner_fn hands the backward x = xz.chunk(2, dim=1)[0] and dx = a chunk of dxz: dx is
+    written where it lies, the rest of dxz untouched."""
+    dev = kernel_backend.device
+    B, D, L, K = 2, 6, 64, 4
+    gen = torch.Generator().manual_seed(3)
+    xz = torch.randn(B, 2 * D, L, generator=gen).to(torch.bfloat16).to(dev)
+    x = xz.chunk(2, dim=1)[0]
+    w = torch.randn(D, K, generator=gen).to(dev)
+    b = torch.randn(D, generator=gen).to(dev)
+    dout = torch.randn(B, D, L, generator=gen).to(torch.bfloat16).to(dev)
+    dxz = torch.full_like(xz, 7.0)
+    dx = dxz.chunk(2, dim=1)[0]
+    got = causal_conv1d_bwd_function(x, w, b, dout, None, None, None, dx, False, True)
+    assert got[0] is dx
+    assert torch.equal(dxz[:, D:], torch.full_like(dxz[:, D:], 7.0))
+    if kernel_backend.name == "emu":
+        bwd = next(launch for launch in ops._launcher.launches if "bwd_bcl" in launch.kernel)
+        assert bwd.tensors[6].data_ptr() == dx.data_ptr(), "no copy of dx"
+    x_last = x.transpose(1, 2).contiguous().transpose(1, 2)
+    want = causal_conv1d_bwd_function(x_last, w, b, dout, None, None, None, None, False, True)
+    for g, r in zip(got[:3], want[:3]):
+        assert torch.equal(g, r)
+
+
+def test_compat_forward_keeps_x_layout(kernel_backend):
+    x, w, b, _ = _case(2, 4, 32, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, kernel_backend.device)
+    y = causal_conv1d_fn(x, w, b, activation="silu")
+    assert y.shape == x.shape and y.stride(2) == 1
+    x_last = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(y, causal_conv1d_fn(x_last, w, b, activation="silu"))
+
+
+def test_compiled_channel_first_call_matches_eager(kernel_backend):
+    """The fake kernels give the channel-first strides the real ones do."""
+    x, w, b, _ = _case(2, 4, 32, 4, torch.float32, torch.float32, "none", "none", True, kernel_backend.device)
+
+    def f(x, w, b):
+        return causal_conv1d_silu(x, w, b, layout="BCL") * 2
+
+    eager = f(x, w, b)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, b)
+    assert compiled.stride() == eager.stride() and torch.equal(compiled, eager)
