@@ -97,6 +97,58 @@ def decode_cases() -> int:
     return n
 
 
+def channel_first_cases() -> int:
+    """The channel-first kernels on x = a chunk of a wider (B, 2C+1, L) tensor (batch and channel
+    strides of their own): 16-byte and 1-token accesses, states, padding, cu_seqlens, main_grad
+    accumulation, a part above tree level 2 (1.2M tokens), and mamba_ssm's dx written into a chunk;
+    each against the same values in channel-last memory (bits)."""
+    from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    n = 0
+    for B, C, L, K, dtype, docs, states in [
+        (3, 40, 256, 4, torch.bfloat16, "none", True),
+        (2, 24, 203, 3, torch.float32, "none", True),
+        (2, 16, 300, 4, torch.bfloat16, "padding", True),
+        (1, 8, 500, 2, torch.float16, "cu_seqlens", True),
+        (1, 3, 1_200_000, 4, torch.bfloat16, "none", False),
+    ]:
+        wide = torch.randn(B, 2 * C + 1, L, device="cuda", generator=gen).to(dtype)
+        x = wide[:, 1 : C + 1]
+        w, b = torch.randn(C, K, device="cuda", generator=gen), torch.randn(C, device="cuda", generator=gen)
+        kw = {}
+        if docs == "padding":
+            row = [0] * 100 + [-1] * 20 + [1] * (L - 130) + [-1] * 10
+            kw["seq_idx"] = torch.tensor([row] * B, dtype=torch.int32, device="cuda")
+        if docs == "cu_seqlens":
+            kw["cu_seqlens"] = torch.tensor([0, 3, 100, 101, L], dtype=torch.int32, device="cuda")
+        n_states = 4 if docs == "cu_seqlens" else B
+        init = torch.randn(n_states, C, K - 1, device="cuda", generator=gen).to(dtype) if states else None
+        dy = torch.randn(B, C, L, device="cuda", generator=gen).to(dtype)
+
+        def run(xx):
+            leaves = [t.detach().requires_grad_() for t in (xx, w, b)]
+            st = None if init is None else init.detach().requires_grad_()
+            mg = torch.zeros(C, K, device="cuda"), torch.zeros(C, device="cuda")
+            y = causal_conv1d_silu(*leaves, initial_states=st, weight_main_grad=mg[0], bias_main_grad=mg[1],
+                                   layout="BCL", **kw)
+            y.backward(dy)
+            return [y, leaves[0].grad, *mg] + ([] if st is None else [st.grad])
+
+        got, want = run(x), run(x.transpose(1, 2).contiguous().transpose(1, 2))
+        for name, g, r in zip(("y", "dx", "dweight", "dbias", "dinitial"), got, want):
+            assert torch.equal(g, r), f"channel-first {B}x{C}x{L} {dtype} {docs}: {name}"
+        n += 1
+    xz = torch.randn(2, 64, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    dxz = torch.zeros_like(xz)
+    w, b = torch.randn(32, 4, device="cuda", generator=gen), torch.randn(32, device="cuda", generator=gen)
+    dout = torch.randn(2, 32, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    got = causal_conv1d_bwd_function(xz[:, :32], w, b, dout, None, None, None, dxz[:, :32], False, True)
+    want = causal_conv1d_bwd_function(xz[:, :32].contiguous(), w, b, dout, None, None, None, None, False, True)
+    assert all(torch.equal(g, r) for g, r in zip(got[:3], want[:3])) and not dxz[:, 32:].any(), "mamba dx in place"
+    return n + 1
+
+
 def main(argv: list[str] | None = None) -> int:
     if "--list" in (sys.argv[1:] if argv is None else argv):
         for i, spec in enumerate(CASES):
@@ -127,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     assert_close(g, r.reshape(g.shape), name=f"case {i} {program} {name}")
             n += 1
     n += padding_case()
+    n += channel_first_cases()
     steps = decode_cases()
     torch.cuda.synchronize()
     print(f"sanitize_cases: {n} forward+backward runs and {steps} decoding steps checked")

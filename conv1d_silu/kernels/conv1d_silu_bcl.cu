@@ -33,8 +33,8 @@ C1S_FN void taps_before(const T* __restrict__ xrow, const T* __restrict__ init, 
 
 // Forward. A CTA walks one chunk of one channel row (b, c): VPT x blockDim vectors of VEC tokens,
 // vector v of thread i at (chunk VPT + v) blockDim + i, so each load instruction of a warp reads
-// neighbouring bytes. A thread's window is its vector and the K-1 tokens before it (read again
-// from x: the neighbour's vector, in L1).
+// neighbouring bytes. A thread's window is its vector and the K-1 tokens before it, read again
+// from x (the neighbour's vector, in L1: one more load where it holds them all).
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
           bool SILU, typename I, int VPT>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant__ c1s::FwdBclArgs a) {
@@ -68,7 +68,14 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
     const int pos0 = docs.begin(da, t0, K - 1);
     // win[j]: token l0 - (K-1) + j; token e's taps are win[e .. e+K-1]
     A win[K - 1 + VEC];
-    taps_before<K, HAS_INIT, A, T, I>(xrow, init, C, c, l0, pos0, docs.state, n_docs, win);
+    if (VEC >= K - 1 && pos0 == K - 1) {  // all K-1 taps are x, in the previous vector: one load
+      A pv[VEC];
+      load_vec<true>(xrow, (I)(l0 - VEC), pv);
+#pragma unroll
+      for (int m = 0; m < K - 1; ++m) win[m] = pv[VEC - (K - 1) + m];
+    } else {
+      taps_before<K, HAS_INIT, A, T, I>(xrow, init, C, c, l0, pos0, docs.state, n_docs, win);
+    }
 #pragma unroll
     for (int e = 0; e < VEC; ++e) win[K - 1 + e] = xv[e];
     A yv[VEC];
