@@ -53,6 +53,21 @@ UPDATE = [
     (f64, f64, 3, True, True, False, False),
 ]
 INSTANCES["conv1d_silu_update"] = [kernels.name_expression("conv1d_silu_update", *a) for a in UPDATE]
+# channel-first: (x, weight, K, VEC, bias, doc mode, initial states, final states, silu, index), then
+# vectors per thread; the backward's own grads dtype after the weight's, no final states
+BCL = [
+    (bf16, bf16, 4, 8, True, SINGLE, False, False, True, "int"),
+    (bf16, f32, 3, 8, False, SEQ_IDX, True, True, True, "long long"),
+    (f16, f16, 8, 2, True, CU_SEQLENS, True, True, False, "int"),
+    (f32, f32, 2, 4, True, BATCH, True, False, True, "int"),
+    (f64, f64, 4, 1, True, SINGLE, True, True, True, "int"),
+]
+INSTANCES["conv1d_silu_bcl"] = [
+    expr for a in BCL for expr in (
+        kernels.name_expression("conv1d_silu_fwd_bcl", *a, 2),
+        kernels.name_expression("conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:]),
+    )
+]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]

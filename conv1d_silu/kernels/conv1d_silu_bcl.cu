@@ -180,18 +180,20 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
       const long long t0 = s * SLAB;
       const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
       long long b = t0 / L, l = t0 - b * L;
-      // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows)
-      A xv[NV + NT][VEC], dv[NV + NT][VEC];
+      // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows), kept
+      // as loaded and converted at use: half the registers of converted 16-bit values
+      using V = Vec<T, VEC>;
+      V xv[NV + NT], dv[NV + NT];
       {
         long long bb = b, ll = l;
 #pragma unroll
         for (int q = 0; q < NV + NT; ++q) {
           if (t0 + q * VEC < S) {
-            load_vec<true>(x, (I)bb * (I)a.x_bs + (I)c * (I)a.x_cs + (I)ll, xv[q]);
-            load_vec<true>(dy, (I)bb * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)ll, dv[q]);
+            xv[q] = load_ro(reinterpret_cast<const V*>(x + (I)bb * (I)a.x_bs + (I)c * (I)a.x_cs + (I)ll));
+            dv[q] = load_ro(reinterpret_cast<const V*>(dy + (I)bb * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)ll));
           } else {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) xv[q][e] = dv[q][e] = A(0);
+            for (int e = 0; e < VEC; ++e) xv[q].v[e] = dv[q].v[e] = cvt<T>(A(0));
           }
           ll += VEC;
           if (ll == L) {
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
         int d_new = -1, s_new = 0;
         bool start = false;
         if (J < SLAB ? J < own : t < S) {
-          const A xval = xv[J / VEC][J % VEC], dval = dv[J / VEC][J % VEC];
+          const A xval = cvt<A>(xv[J / VEC].v[J % VEC]), dval = cvt<A>(dv[J / VEC].v[J % VEC]);
           if (J == 0) {
             start = pos0 == 0;
           } else if (docs.next(da, t)) {  // a document starts at t: its initial state precedes it
