@@ -356,8 +356,9 @@ def test_tuner_writes_the_merged_dump_of_its_parts(tmp_path, capsys):
 def test_tuner_times_only_the_programs_asked_for():
     from conv1d_silu.tune import _programs
 
-    every = _programs("bwd_bias")
-    assert every == [n for n, p in PROGRAMS.items() if p.direction == "bwd"]
+    every = _programs("bwd_bias")  # the grid's x is channel-last: the channel-last programs
+    assert every == [n for n, p in PROGRAMS.items() if p.direction == "bwd" and p.layout == "BLC"]
+    assert "bwd_bcl" not in every
     assert _programs("bwd_bias", ["rowgroup", "rowgroup_8b", "fwd_rows"]) == ["rowgroup", "rowgroup_8b"]
     assert _programs("fwd", ["rowgroup", "fwd_rows"]) == ["fwd_rows"]
 
@@ -623,3 +624,19 @@ def test_tuner_help_says_where_files_go(capsys):
     for words in ("OUT/<arch>.json", "OUT/routes-<arch>.md", "./tune-<arch>/", "never written unless --write-package",
                   "conv1d_silu/route_tables/<arch>.json", "--from-json tune.json --out DIR"):
         assert words in text, words
+
+
+def test_channel_first_calls_route_to_their_layout():
+    """A route's rules name programs of either layout; a call takes the first matching rule of its
+    x's layout, else that layout's default."""
+    for variant in ("fwd", "fwd_dt", "bwd_bias", "bwd_fp32g"):
+        program = select("sm_90", variant, 1024, 65536, 4, "bfloat16", "BCL")
+        assert program.layout == "BCL" and program.direction == variant[:3]
+        assert select("sm_90", variant, 1024, 65536).layout == "BLC"
+    with pytest.raises(RouteTableError, match="no default"):  # a channel-first rule catches no channel-last call
+        routes.parse_table({"arch": "sm_90", "measured": {}, "routes": {"fwd": [{"program": "fwd_bcl"}]}}, "t")
+    _, table = routes.parse_table(
+        {"arch": "sm_90", "measured": {}, "routes": {"fwd": [{"program": "fwd_bcl", "c_lo": 64}, {"program": "fwd_rows"}]}},
+        "t",
+    )
+    assert [r.program for r in table["fwd"]] == ["fwd_bcl", "fwd_rows"]
