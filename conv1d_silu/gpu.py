@@ -237,7 +237,7 @@ BWD_TENSORS = (
 FOLD_TENSORS = ("workspace", "dw", "db")
 
 
-def _nulls(**present: bool) -> dict[str, int]:
+def null_fields(**present: bool) -> dict[str, int]:
     """The pointer fields of a planned launch that stay null (0) for all its calls: those absent."""
     return {name: 0 for name, here in present.items() if not here}
 
@@ -261,14 +261,7 @@ def forward(
     data pointers (a new class is planned and added), or None to plan this call alone.
     """
     y = fresh_like(x)
-    final = None
-    if return_final_states:
-        C, K = weight.shape
-        final = (
-            initial_states.clone(memory_format=torch.contiguous_format)
-            if initial_states is not None
-            else x.new_zeros((doc.num_docs, K - 1, C))
-        )
+    final = final_states_out(x, weight, doc, initial_states) if return_final_states else None
     if doc.S == 0:
         return y, final
     init = dense(initial_states)
@@ -287,6 +280,17 @@ def forward(
     return y, final
 
 
+def final_states_out(
+    x: torch.Tensor, weight: torch.Tensor, doc: DocTable, initial_states: torch.Tensor | None
+) -> torch.Tensor:
+    """The forward's final states before its launch: the initial states (a document shorter than K-1
+    keeps some of its rows), or zeros."""
+    if initial_states is not None:
+        return initial_states.clone(memory_format=torch.contiguous_format)
+    C, K = weight.shape
+    return x.new_zeros((doc.num_docs, K - 1, C))
+
+
 def _forward_launch(
     x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, final: bool, silu: bool,
     program: Program, x_stride: int, align: int, launcher: Launcher,
@@ -303,7 +307,7 @@ def _forward_launch(
         # the base height's residency stands for the taller lanes' (they use the same registers)
         probe = Launch("conv1d_silu_fwd", plan.kernel, (plan.n_units, 1, 1), plan.block, plan.smem, None)
         plan = forward_plan(*key, launcher.max_active_blocks(probe, x.device) * sms)
-    nulls = _nulls(bias=has_bias, table=doc.table is not None, init=has_init, final_states=final)
+    nulls = null_fields(bias=has_bias, table=doc.table is not None, init=has_init, final_states=final)
     args = Args(
         "conv1d_silu_fwd", FWD_TENSORS, **nulls, x_rs=x_stride, row_len=doc.row_len, n_docs=n_docs, S=doc.S, C=C,
         tile_v=plan.tile_v, n_ctiles=plan.n_ctiles, n_units=plan.n_units,
@@ -484,17 +488,8 @@ def backward(
     has_bias = bias is not None
     accumulate = weight_grad_out is not None
     dx = fresh_like(x)
-    if accumulate:
-        dw, db = weight_grad_out, bias_grad_out
-    else:
-        dw = fresh_like(weight, grad_dtype)
-        db = fresh_like(bias, grad_dtype) if has_bias else None
-    dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format) if initial_states is not None else None
+    dw, db, dinit = gradient_outputs(weight, bias, initial_states, grad_dtype, weight_grad_out, bias_grad_out, doc.S)
     if doc.S == 0:
-        if not accumulate:
-            dw.zero_()
-            if db is not None:
-                db.zero_()
         return dx, dw, db, dinit
     init = dense(initial_states)
     next_x = next_dy = None
@@ -527,6 +522,40 @@ def backward(
     return dx, dw, db, dinit
 
 
+def gradient_outputs(
+    weight: torch.Tensor, bias: torch.Tensor | None, initial_states: torch.Tensor | None, grad_dtype: torch.dtype,
+    weight_grad_out: torch.Tensor | None, bias_grad_out: torch.Tensor | None, S: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dweight and dbias (the main_grad buffers when accumulating into them) and a zeroed dinitial;
+    with no tokens (S = 0) fresh weight gradients are zeros, as no launch writes them."""
+    if weight_grad_out is not None:
+        dw, db = weight_grad_out, bias_grad_out
+    else:
+        dw = fresh_like(weight, grad_dtype)
+        db = fresh_like(bias, grad_dtype) if bias is not None else None
+        if S == 0:
+            dw.zero_()
+            if db is not None:
+                db.zero_()
+    dinit = None
+    if initial_states is not None:
+        dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format)
+    return dw, db, dinit
+
+
+def fold_launch(
+    dtype: torch.dtype, gdtype: torch.dtype, K: int, C: int, has_bias: bool, n_nodes: int, levels: int,
+    accumulate: bool,
+) -> Launch:
+    """conv1d_silu_fold's planned launch (tensors: workspace, dw, db), programmatic after the backward."""
+    f = fold_plan(dtype, gdtype, K, C, has_bias, n_nodes, levels)
+    args = Args(
+        "conv1d_silu_fold", FOLD_TENSORS, **null_fields(db=has_bias), accumulate=int(accumulate), C=C, n_nodes=n_nodes,
+        levels=levels,
+    )
+    return Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, args, programmatic=True)
+
+
 def _backward_launches(
     x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, silu: bool,
     grad_dtype: torch.dtype, program: Program, x_stride: int, dy_stride: int, align: int, n_next: int,
@@ -540,7 +569,7 @@ def _backward_launches(
         x.dtype, weight.dtype, grad_dtype, K, C, doc.S, x_stride, dy_stride, align, has_bias, doc.mode, has_init,
         silu, program, n_docs,
     )
-    nulls = _nulls(
+    nulls = null_fields(
         bias=has_bias, db=has_bias, table=doc.table is not None, init=has_init, dinit=has_init,
         workspace=plan.ws_elems > 0, tickets=plan.n_tickets > 0, next_x=n_next > 0, next_dy=n_next > 0,
     )
@@ -558,14 +587,7 @@ def _backward_launches(
         launch = replace(launch, grid=(min(plan.n_units, per_sm * launcher.sm_count(x.device)), 1, 1))
     fold = None
     if plan.fold is not None:
-        f = plan.fold
-        args = Args(
-            "conv1d_silu_fold", FOLD_TENSORS, **_nulls(workspace=plan.ws_elems > 0, db=has_bias),
-            accumulate=int(accumulate), C=C, n_nodes=f.n_nodes, levels=f.levels,
-        )
-        fold = Launch(
-            "conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, args, programmatic=True
-        )
+        fold = fold_launch(x.dtype, grad_dtype, K, C, has_bias, plan.fold.n_nodes, plan.fold.levels, accumulate)
     return launch, fold, (plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets)
 
 
@@ -604,7 +626,7 @@ def update(
     )
     args = Args(
         "conv1d_silu_update", UPDATE_TENSORS,
-        **_nulls(bias=bias is not None, cache_seqlens=cache_seqlens is not None, state_indices=indices is not None),
+        **null_fields(bias=bias is not None, cache_seqlens=cache_seqlens is not None, state_indices=indices is not None),
         x_bs=x.stride(0), x_cs=x.stride(1), x_ls=x.stride(2), state_bs=conv_state.stride(0),
         state_cs=conv_state.stride(1), state_ls=conv_state.stride(2), state_len=n, out_bs=out.stride(0),
         out_cs=out.stride(1), out_ls=out.stride(2), C=C, L=L,

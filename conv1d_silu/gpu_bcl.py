@@ -19,8 +19,8 @@ from . import kernels
 from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .gpu import (
-    CUDA, FAN, FOLD_COLS, FOLD_ROWS, FOLD_TENSORS, SLAB, Launcher, _nulls, alignment, backward_scratch, dense,
-    fold_plan, fresh_like, tree_shape,
+    CUDA, FAN, Launcher, null_fields, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
+    tree_shape,
 )
 from .runtime import Args, Launch
 
@@ -96,13 +96,7 @@ def forward(
     B, L, C = x.shape
     K = weight.shape[1]
     y = like_x(x)
-    final = None
-    if return_final_states:
-        final = (
-            initial_states.clone(memory_format=torch.contiguous_format)
-            if initial_states is not None
-            else x.new_zeros((doc.num_docs, K - 1, C))
-        )
+    final = final_states_out(x, weight, doc, initial_states) if return_final_states else None
     if doc.S == 0:
         return y, final
     init = dense(initial_states)
@@ -114,7 +108,7 @@ def forward(
     )
     args = Args(
         "conv1d_silu_fwd_bcl", FWD_TENSORS,
-        **_nulls(bias=bias is not None, table=doc.table is not None, init=init is not None, final_states=final is not None),
+        **null_fields(bias=bias is not None, table=doc.table is not None, init=init is not None, final_states=final is not None),
         x_bs=x.stride(0), x_cs=x.stride(2), n_docs=n_docs, y_bs=y.stride(0), y_cs=y.stride(2), S=doc.S, C=C, L=L,
         n_chunks=n_chunks,
     )
@@ -183,17 +177,8 @@ def backward(
     has_bias = bias is not None
     accumulate = weight_grad_out is not None
     dx = like_x(x) if dx is None else dx
-    if accumulate:
-        dw, db = weight_grad_out, bias_grad_out
-    else:
-        dw = fresh_like(weight, grad_dtype)
-        db = fresh_like(bias, grad_dtype) if has_bias else None
-    dinit = torch.zeros_like(initial_states, memory_format=torch.contiguous_format) if initial_states is not None else None
+    dw, db, dinit = gradient_outputs(weight, bias, initial_states, grad_dtype, weight_grad_out, bias_grad_out, doc.S)
     if doc.S == 0:
-        if not accumulate:
-            dw.zero_()
-            if db is not None:
-                db.zero_()
         return dx, dw, db, dinit
     init = dense(initial_states)
     n_docs = doc.num_docs or 0
@@ -206,7 +191,7 @@ def backward(
     workspace, _ = backward_scratch(ws_nodes * nb * C, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,
-        **_nulls(bias=has_bias, db=has_bias, table=doc.table is not None, init=init is not None, dinit=init is not None,
+        **null_fields(bias=has_bias, db=has_bias, table=doc.table is not None, init=init is not None, dinit=init is not None,
                  workspace=ws_nodes > 0),
         x_bs=x.stride(0), x_cs=x.stride(2), dy_bs=dy.stride(0), dy_cs=dy.stride(2), n_docs=n_docs,
         dx_bs=dx.stride(0), dx_cs=dx.stride(2), accumulate=int(accumulate), S=doc.S, C=C, L=L, n_parts=n_parts,
@@ -221,13 +206,6 @@ def backward(
     inputs = tuple(t for t in (x, dy, init) if t is not None)
     launcher(launch.bind(tensors, outputs, inputs), x.device)
     if ws_nodes:
-        f = fold_plan(x.dtype, dw.dtype, K, C, has_bias, ws_nodes, root - top)
-        fold_args = Args(
-            "conv1d_silu_fold", FOLD_TENSORS, **_nulls(db=has_bias), accumulate=int(accumulate), C=C,
-            n_nodes=f.n_nodes, levels=f.levels,
-        )
-        fold = Launch(
-            "conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, fold_args, programmatic=True
-        )
+        fold = fold_launch(x.dtype, dw.dtype, K, C, has_bias, ws_nodes, root - top, accumulate)
         launcher(fold.bind((workspace, dw, db), (), ()), x.device)
     return dx, dw, db, dinit
