@@ -65,21 +65,29 @@ def _wide(B: int, L: int, C: int, spans: tuple[int, ...], n_docs: int, K: int) -
 
 
 @functools.lru_cache(maxsize=4096)
-def forward_plan(
+def forward_launch(
     dtype: torch.dtype, wdtype: torch.dtype, K: int, B: int, C: int, L: int, spans: tuple[int, ...], align: int,
-    has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, n_docs: int,
-) -> tuple[str, int, int, int]:
-    """The forward's instantiation, block, chunks per channel row and grid."""
+    has_bias: bool, mode: int, has_init: bool, final: bool, silu: bool, n_docs: int, has_table: bool,
+) -> Launch:
+    """The forward's planned launch (:meth:`Launch.bind` takes a call's tensors); spans: the (batch,
+    channel) strides of x and y."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, L, spans, align)
     vectors = math.ceil(L / vec)
     block = min(FWD_BLOCK, 32 * math.ceil(vectors / FWD_VECTORS / 32))
     n_chunks = math.ceil(vectors / (block * FWD_VECTORS))
+    wide = _wide(B, L, C, spans, n_docs, K)
     kernel = kernels.name_expression(
         "conv1d_silu_fwd_bcl", dtype, wdtype, K, vec, has_bias, mode, has_init, final, silu,
-        "long long" if _wide(B, L, C, spans, n_docs, K) else "int", FWD_VECTORS,
+        "long long" if wide else "int", FWD_VECTORS,
     )
-    return kernel, block, n_chunks, B * C * n_chunks
+    args = Args(
+        "conv1d_silu_fwd_bcl", FWD_TENSORS,
+        **null_fields(bias=has_bias, table=has_table, init=has_init, final_states=final),
+        x_bs=spans[0], x_cs=spans[1], n_docs=n_docs, y_bs=spans[2], y_cs=spans[3], S=B * L, C=C, L=L,
+        n_chunks=n_chunks,
+    )
+    return Launch("conv1d_silu_bcl", kernel, (B * C * n_chunks, 1, 1), block, 0, args, index_64=wide)
 
 
 def forward(
@@ -100,19 +108,10 @@ def forward(
     if doc.S == 0:
         return y, final
     init = dense(initial_states)
-    n_docs = doc.num_docs or 0
-    spans = (*strides(x), *strides(y))
-    kernel, block, n_chunks, grid = forward_plan(
-        x.dtype, weight.dtype, K, B, C, L, spans, alignment(x, y), bias is not None, doc.mode, init is not None,
-        final is not None, silu, n_docs,
+    launch = forward_launch(
+        x.dtype, weight.dtype, K, B, C, L, (*strides(x), *strides(y)), alignment(x, y), bias is not None, doc.mode,
+        init is not None, final is not None, silu, doc.num_docs or 0, doc.table is not None,
     )
-    args = Args(
-        "conv1d_silu_fwd_bcl", FWD_TENSORS,
-        **null_fields(bias=bias is not None, table=doc.table is not None, init=init is not None, final_states=final is not None),
-        x_bs=x.stride(0), x_cs=x.stride(2), n_docs=n_docs, y_bs=y.stride(0), y_cs=y.stride(2), S=doc.S, C=C, L=L,
-        n_chunks=n_chunks,
-    )
-    launch = Launch("conv1d_silu_bcl", kernel, (grid, 1, 1), block, 0, args, index_64="long long" in kernel)
     tensors = (x, dense(weight), dense(bias), doc.table, init, y, final)
     launcher(launch.bind(tensors, (), ()), x.device)
     return y, final
@@ -125,12 +124,13 @@ def top_level(root: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def backward_plan(
+def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-) -> tuple[str, int, int, int, int, int, int, int]:
-    """The backward's instantiation, block, shared memory, parts per channel, slabs per part, top and
-    root levels, and workspace nodes per channel."""
+    has_table: bool, accumulate: bool,
+) -> tuple[Launch, Launch | None, int]:
+    """The backward's planned launch, the fold's (None when the CTAs write the root) and the
+    workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, L, spans, align)
     S = B * L
@@ -148,11 +148,21 @@ def backward_plan(
         ws_nodes = 0 if top == root else nodes[top]
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
+    wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 else "int",
+        "long long" if wide else "int",
     )
-    return kernel, block, smem, n_parts, part_slabs, top, root, ws_nodes
+    args = Args(
+        "conv1d_silu_bwd_bcl", BWD_TENSORS,
+        **null_fields(bias=has_bias, db=has_bias, table=has_table, init=has_init, dinit=has_init, workspace=ws_nodes > 0),
+        x_bs=spans[0], x_cs=spans[1], dy_bs=spans[2], dy_cs=spans[3], n_docs=n_docs, dx_bs=spans[4],
+        dx_cs=spans[5], accumulate=int(accumulate), S=S, C=C, L=L, n_parts=n_parts, part_slabs=part_slabs,
+        top_level=top, root_level=root,
+    )
+    launch = Launch("conv1d_silu_bcl", kernel, (C * n_parts, 1, 1), block, smem, args, index_64=wide)
+    fold = fold_launch(dtype, gdtype, K, C, has_bias, ws_nodes, root - top, accumulate) if ws_nodes else None
+    return launch, fold, ws_nodes * nb * C
 
 
 def backward(
@@ -174,38 +184,23 @@ def backward(
     dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
     B, L, C = x.shape
     K = weight.shape[1]
-    has_bias = bias is not None
     accumulate = weight_grad_out is not None
+    given = dx
     dx = like_x(x) if dx is None else dx
     dw, db, dinit = gradient_outputs(weight, bias, initial_states, grad_dtype, weight_grad_out, bias_grad_out, doc.S)
     if doc.S == 0:
         return dx, dw, db, dinit
     init = dense(initial_states)
-    n_docs = doc.num_docs or 0
-    spans = (*strides(x), *strides(dy), *strides(dx))
-    kernel, block, smem, n_parts, part_slabs, top, root, ws_nodes = backward_plan(
-        x.dtype, weight.dtype, dw.dtype, K, B, C, L, spans, alignment(x, dy, dx), has_bias, doc.mode,
-        init is not None, silu, n_docs,
+    launch, fold, ws_elems = backward_launches(
+        x.dtype, weight.dtype, dw.dtype, K, B, C, L, (*strides(x), *strides(dy), *strides(dx)), alignment(x, dy, dx),
+        bias is not None, doc.mode, init is not None, silu, doc.num_docs or 0, doc.table is not None, accumulate,
     )
-    nb = K + has_bias
-    workspace, _ = backward_scratch(ws_nodes * nb * C, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
-    args = Args(
-        "conv1d_silu_bwd_bcl", BWD_TENSORS,
-        **null_fields(bias=has_bias, db=has_bias, table=doc.table is not None, init=init is not None, dinit=init is not None,
-                 workspace=ws_nodes > 0),
-        x_bs=x.stride(0), x_cs=x.stride(2), dy_bs=dy.stride(0), dy_cs=dy.stride(2), n_docs=n_docs,
-        dx_bs=dx.stride(0), dx_cs=dx.stride(2), accumulate=int(accumulate), S=doc.S, C=C, L=L, n_parts=n_parts,
-        part_slabs=part_slabs, top_level=top, root_level=root,
-    )
-    launch = Launch(
-        "conv1d_silu_bcl", kernel, (C * n_parts, 1, 1), block, smem, args, index_64="long long" in kernel
-    )
+    workspace, _ = backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)
-    # the caller's dx and main_grad buffers could overlap an input: only they are checked
-    outputs = tuple(t for t in (dx, dw if accumulate else None, db if accumulate else None) if t is not None)
-    inputs = tuple(t for t in (x, dy, init) if t is not None)
+    # only the caller's buffers (dx, main_grad) could overlap an input: only they are checked
+    outputs = tuple(t for t in (given, *((dw, db) if accumulate else ())) if t is not None)
+    inputs = tuple(t for t in (x, dy, init) if t is not None) if outputs else ()
     launcher(launch.bind(tensors, outputs, inputs), x.device)
-    if ws_nodes:
-        fold = fold_launch(x.dtype, dw.dtype, K, C, has_bias, ws_nodes, root - top, accumulate)
+    if fold is not None:
         launcher(fold.bind((workspace, dw, db), (), ()), x.device)
     return dx, dw, db, dinit

@@ -134,11 +134,11 @@ def test_the_climb_through_running_sums_gives_the_same_bits(kernel_backend, monk
     x, w, b, _ = _case(1, 2, 1 << 16, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, kernel_backend.device)
     want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, {}, True, "weight")
     monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
-    gpu_bcl.backward_plan.cache_clear()
+    gpu_bcl.backward_launches.cache_clear()
     try:
         got = _run(x, w, b, {}, True, "weight")
     finally:
-        gpu_bcl.backward_plan.cache_clear()
+        gpu_bcl.backward_launches.cache_clear()
     for name in ("dx", "dw", "db"):
         assert torch.equal(got[name], want[name]), name
 
