@@ -186,3 +186,15 @@ def test_compiled_channel_first_call_matches_eager(kernel_backend):
     eager = f(x, w, b)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, b)
     assert compiled.stride() == eager.stride() and torch.equal(compiled, eager)
+
+
+def test_parts_above_level_two_at_their_own_size(kernel_backend):
+    """From a million tokens a CTA's part is a node above level 2 without any forcing (slow on the
+    emulator: GPU only)."""
+    if kernel_backend.name != "cuda":
+        pytest.skip("1.2M tokens: GPU only (the forced climb above covers the emulator)")
+    x, w, b, _ = _case(2, 8, 600_000, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, "cuda")
+    got = _run(x, w, b, {}, True, "weight")
+    want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, {}, True, "weight")
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(got[name], want[name]), name
