@@ -192,6 +192,13 @@ HOT = [
     ("conv1d_silu_fwd", kernels.name_expression("conv1d_silu_fwd", bf16, bf16, 4, 4, True, SINGLE, False, False, True,
                                                 "int", rows, pipe_depth(4)), 64)
     for rows in (16, 32)
+] + [
+    # the channel-first pair (16-byte vectors) at what it compiles to now (two 256-thread backward
+    # CTAs per SM), until a GPU measures what more occupancy would be worth
+    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
+                                                True, "int", 2), 64),
+    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
+                                                True, "int"), 128),
 ]
 
 
