@@ -10,8 +10,7 @@ and :func:`from_tokens`, so every argument reaches the op in every layout:
   contiguous, ``x.stride(2) == 1``, any batch and channel strides, e.g. a ``chunk`` of a wider
   projection) runs the channel-first kernels in place, channel-last memory (``x.stride(1) == 1``,
   e.g. ``h.transpose(1, 2)``) with evenly spaced rows the channel-last ones; any other strides are
-  copied to channel-last first. The output takes x's layout (``torch.empty_like(x)``'s strides, as
-  causal-conv1d's).
+  copied first. The output takes x's layout (``torch.empty_like(x)``'s strides, as causal-conv1d's).
 
 A 3-D x of one batch row with ``cu_seqlens`` holds packed documents (flash-linear-attention's
 form): it runs as ``(S, C)`` tokens.
@@ -56,10 +55,12 @@ def to_tokens(
             if initial_states.dim() != 3:
                 fail("initial_states", "shape (N, C, K-1) with layout='BCL'", tuple(initial_states.shape))
             initial_states = initial_states.transpose(1, 2)
+        if x.stride(2) != 1 and x.shape[2] > 1 and x.stride(1) != 1 and x.shape[1] > 1:
+            # neither layout's kernels read it in place: copied channel-first, so the output is what
+            # causal-conv1d's torch.empty_like(x) gives (any strides are taken in this layout)
+            x = x.contiguous()
         x = x.transpose(1, 2)
-        if row_stride(x) is None and not channel_first(x):
-            # neither layout's kernels read it in place (any strides are taken in this layout, as
-            # causal-conv1d takes them)
+        if row_stride(x) is None and not channel_first(x):  # rows not evenly spaced
             x = x.contiguous()
     packed_row = cu_seqlens is not None and x.dim() == 3 and x.shape[0] == 1 and not channel_first(x)
     if packed_row:

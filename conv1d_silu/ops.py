@@ -166,14 +166,14 @@ def forward_impl(
     layout than x's (forced, or the reference for channel-first x) runs on a copy of x in its own."""
     if route is None:
         route = Route(choose("fwd", x, weight, bias is not None, doc, False, program), None, row_stride(x))
-    prog, cf = route.fwd, route.x_stride is None
+    prog, cf = route.fwd, route.x_stride is None and channel_first(x)
     if prog.cuda and prog.layout == "BCL":
         y, final = gpu_bcl.forward(
             x if cf else _channel_first_copy(x), weight, bias, doc, initial_states, return_final_states, silu,
             _launcher,
         )
         return (y if cf else y.contiguous().view(x.shape)), final
-    if cf:
+    if route.x_stride is None:  # channel-first x (or strides no kernel reads) on a token-major copy
         y, final = forward_impl(
             x.contiguous(), weight, bias, doc, initial_states, return_final_states, silu, None,
             Route(prog, None, x.shape[-1]),
@@ -212,8 +212,12 @@ def backward_impl(
     if route is None:
         fp32_grads = _fp32_grads(grad_dtype, weight, weight_grad_out is not None)
         route = Route(None, choose("bwd", x, weight, bias is not None, doc, fp32_grads, program), row_stride(x))
-    prog, cf = route.bwd, route.x_stride is None
-    if cf or prog.layout == "BCL":
+    prog = route.bwd
+    if prog.layout == "BCL" and trailing is not None and trailing[0].shape[0] > 0:
+        raise ValueError(
+            f"program: {prog.name!r} takes no trailing tokens (context parallelism); force a channel-last program"
+        )
+    if route.x_stride is None or prog.layout == "BCL":
         dx, dw, db, dinit = _backward_across_layouts(
             dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
             prog, keep_scratch, dx_out,
@@ -245,7 +249,7 @@ def _backward_across_layouts(
     # dy in place where its sequence is contiguous; else (channel-last, expanded) copied like x
     dyf = dy if cf and dy.stride(1) == 1 else _channel_first_copy(dy)
     into = dx_out if cf and dx_out is not None and dx_out.stride(1) == 1 else None
-    if into is not None and (overlaps(into, x) or overlaps(into, dy)):
+    if into is not None and any(overlaps(into, t) for t in (x, dy, initial_states) if t is not None):
         into = None  # computed in storage of its own, then copied
     dx, dw, db, dinit = gpu_bcl.backward(
         dyf, xf, weight, bias, doc, initial_states, silu, grad_dtype, weight_grad_out, bias_grad_out, _launcher,

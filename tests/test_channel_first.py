@@ -198,3 +198,38 @@ def test_parts_above_level_two_at_their_own_size(kernel_backend):
     want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, {}, True, "weight")
     for name in ("y", "dx", "dw", "db"):
         assert torch.equal(got[name], want[name]), name
+
+
+def test_any_strides_and_programs_of_either_layout(kernel_backend):
+    """x of neither layout, and a program of the other layout than x's, give the routed call's values
+    in x's layout (the custom op too, which no entry point's checks guard)."""
+    dev = kernel_backend.device
+    gen = torch.Generator().manual_seed(5)
+    w, b = torch.randn(4, 4, generator=gen).to(dev), torch.randn(4, generator=gen).to(dev)
+    x = torch.randn(2, 4, 64, generator=gen).to(dev)
+    want = causal_conv1d_silu(x, w, b, layout="BCL", program="reference")
+    strided = torch.zeros(2, 4, 128, device=dev)
+    strided[..., ::2] = x
+    y = causal_conv1d_silu(strided[..., ::2], w, b, layout="BCL")  # neither layout: copied channel-first
+    assert y.stride() == torch.empty_like(strided[..., ::2]).stride()
+    torch.testing.assert_close(y, want)
+    odd = torch.zeros(2, 65, 4, device=dev)  # (B, L, C) rows not evenly spaced, neither layout
+    odd[:, :64] = x.transpose(1, 2)
+    for program in ("fwd_bcl", "fwd_rows", "reference"):
+        y, _ = torch.ops.conv1d_silu.fwd(odd[:, :64], w, b, None, None, None, None, None, False, True, False, program)
+        torch.testing.assert_close(y.transpose(1, 2), want)
+    for program in ("fwd_rows", "fwd_bcl"):  # either layout's program on channel-first x
+        torch.testing.assert_close(causal_conv1d_silu(x, w, b, layout="BCL", program=program), want)
+        torch.testing.assert_close(
+            causal_conv1d_silu(x.transpose(1, 2).contiguous(), w, b, program=program), want.transpose(1, 2)
+        )
+
+
+def test_a_channel_first_backward_refuses_trailing_tokens(kernel_backend):
+    dev = kernel_backend.device
+    x, dy = torch.randn(32, 4, device=dev), torch.randn(32, 4, device=dev)
+    w = torch.randn(4, 4, device=dev)
+    doc = ops.doc_table(x, None, None, None)
+    trailing = (torch.randn(3, 4, device=dev), torch.randn(3, 4, device=dev))
+    with pytest.raises(ValueError, match="program: 'bwd_bcl' takes no trailing tokens"):
+        ops.backward_impl(dy, x, w, None, doc, None, None, True, torch.float32, "bwd_bcl", trailing=trailing)
