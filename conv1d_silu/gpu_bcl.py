@@ -19,7 +19,7 @@ from . import kernels
 from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .gpu import (
-    CUDA, FAN, Launcher, null_fields, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
+    CUDA, FAN, SLAB, Launcher, null_fields, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
     tree_shape,
 )
 from .runtime import Args, Launch
@@ -127,7 +127,7 @@ def top_level(root: int) -> int:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool,
+    has_table: bool, accumulate: bool, staged: bool = True,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
     workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
@@ -148,10 +148,13 @@ def backward_launches(
         ws_nodes = 0 if top == root else nodes[top]
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
+    if staged:  # x and dy of a round: each slab and a padding vector, then the tail vectors
+        tail = -(-(K - 1) // vec) * vec
+        smem = -(-smem // 16) * 16 + 2 * (block * (SLAB + vec) + tail) * itemsize
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int",
+        "long long" if wide else "int", staged,
     )
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,
@@ -179,9 +182,11 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
+    staged: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
-    dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
+    dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward; ``staged``:
+    the program's :attr:`routes.Program.staged`."""
     B, L, C = x.shape
     K = weight.shape[1]
     accumulate = weight_grad_out is not None
@@ -194,6 +199,7 @@ def backward(
     launch, fold, ws_elems = backward_launches(
         x.dtype, weight.dtype, dw.dtype, K, B, C, L, (*strides(x), *strides(dy), *strides(dx)), alignment(x, dy, dx),
         bias is not None, doc.mode, init is not None, silu, doc.num_docs or 0, doc.table is not None, accumulate,
+        staged,
     )
     workspace, _ = backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)

@@ -51,6 +51,7 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
+    staged: bool = False  # channel-first backward: a round's rows pass through shared memory
 
     @property
     def cta_level(self) -> int:
@@ -198,8 +199,19 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "bwd_bcl",
             "bwd",
-            "channel-first backward: each thread walks one slab of one channel; CTAs fold rounds of 256 slabs",
+            "channel-first backward: each thread walks one slab of one channel, from a round of 256 slabs "
+            "staged in shared memory with coalesced loads; CTAs fold the rounds",
             layout="BCL",
+            staged=True,
+        ),
+        # Its slab loads (16 bytes at a 64-byte stride per warp instruction) ran at ~30 % of the copy
+        # bandwidth on the H100; kept to time the staged program against.
+        Program(
+            "bwd_bcl_direct",
+            "bwd",
+            "channel-first backward, each thread loading its own slab from global memory",
+            layout="BCL",
+            routed=False,
         ),
         Program(
             "rowgroup_sm",

@@ -63,9 +63,11 @@ BCL = [
     (f64, f64, 4, 1, True, SINGLE, True, True, True, "int"),
 ]
 INSTANCES["conv1d_silu_bcl"] = [
-    expr for a in BCL for expr in (
+    expr for i, a in enumerate(BCL) for expr in (
         kernels.name_expression("conv1d_silu_fwd_bcl", *a, 2),
-        kernels.name_expression("conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:]),
+        kernels.name_expression(
+            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], i % 2 == 0  # staged
+        ),
     )
 ]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
@@ -198,7 +200,7 @@ HOT = [
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
                                                 True, "int", 2), 64),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
-                                                True, "int"), 128),
+                                                True, "int", True), 128),
 ]
 
 
