@@ -77,3 +77,10 @@ def test_tune_writes_its_dump_and_route_table_under_out_never_into_the_package(t
 def test_host_profile_runs_the_profile_alone(tmp_path):
     calls = _calls(tmp_path, "host-profile")
     assert [c for c in calls if c.startswith("tools/")] == ["tools/host_profile.py"]
+
+
+def test_layouts_times_both_layouts_on_the_same_shapes(tmp_path):
+    calls = [c for c in _calls(tmp_path, "layouts", LAYOUT_SHAPES="4096,8 8192,16") if "conv1d_silu.bench" in c]
+    assert [c.split("--layout ")[1].split()[0] for c in calls] == ["BCL", "BLC"]
+    assert all("--shapes 4096,8 8192,16 " in c and "--graph" in c for c in calls)
+    assert "--baseline-programs bwd_bcl_direct" in calls[0] and "baseline-programs" not in calls[1]
