@@ -19,8 +19,8 @@ from . import kernels
 from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .gpu import (
-    CUDA, FAN, SLAB, Launcher, null_fields, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
-    tree_shape,
+    CUDA, FAN, SLAB, Launcher, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
+    null_fields, tree_shape,
 )
 from .runtime import Args, Launch
 
@@ -127,7 +127,7 @@ def top_level(root: int) -> int:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool, staged: bool = True,
+    has_table: bool, accumulate: bool, staged: int = 2,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
     workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
@@ -148,9 +148,10 @@ def backward_launches(
         ws_nodes = 0 if top == root else nodes[top]
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
-    if staged:  # x and dy of a round: each slab and a padding vector, then the tail vectors
+    if staged:  # x and dy of a round (each slab and a padding vector, then the tail vectors), and dx
         tail = -(-(K - 1) // vec) * vec
-        smem = -(-smem // 16) * 16 + 2 * (block * (SLAB + vec) + tail) * itemsize
+        rows = 2 * (block * (SLAB + vec) + tail) + (staged == 2) * block * (SLAB + vec)
+        smem = -(-smem // 16) * 16 + rows * itemsize
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
@@ -158,7 +159,9 @@ def backward_launches(
     )
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,
-        **null_fields(bias=has_bias, db=has_bias, table=has_table, init=has_init, dinit=has_init, workspace=ws_nodes > 0),
+        **null_fields(
+            bias=has_bias, db=has_bias, table=has_table, init=has_init, dinit=has_init, workspace=ws_nodes > 0
+        ),
         x_bs=spans[0], x_cs=spans[1], dy_bs=spans[2], dy_cs=spans[3], n_docs=n_docs, dx_bs=spans[4],
         dx_cs=spans[5], accumulate=int(accumulate), S=S, C=C, L=L, n_parts=n_parts, part_slabs=part_slabs,
         top_level=top, root_level=root,
@@ -182,7 +185,7 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
-    staged: bool = True,
+    staged: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
     dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward; ``staged``:

@@ -51,7 +51,7 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
-    staged: bool = False  # channel-first backward: a round's rows pass through shared memory
+    staged: int = 0  # channel-first backward: a round's x and dy rows (1), and dx (2), pass through shared memory
 
     @property
     def cta_level(self) -> int:
@@ -200,16 +200,24 @@ PROGRAMS: dict[str, Program] = {
             "bwd_bcl",
             "bwd",
             "channel-first backward: each thread walks one slab of one channel, from a round of 256 slabs "
-            "staged in shared memory with coalesced loads; CTAs fold the rounds",
+            "staged in shared memory with coalesced loads, its dx staged on the way out; CTAs fold the rounds",
             layout="BCL",
-            staged=True,
+            staged=2,
         ),
-        # Its slab loads (16 bytes at a 64-byte stride per warp instruction) ran at ~30 % of the copy
-        # bandwidth on the H100; kept to time the staged program against.
+        # The two below are kept to time the staged program against: loading its own slab (16 bytes at a
+        # 64-byte stride per warp instruction) ran at ~30 % of the copy bandwidth on the H100.
+        Program(
+            "bwd_bcl_loads",
+            "bwd",
+            "channel-first backward with staged loads, each thread storing its own dx",
+            layout="BCL",
+            staged=1,
+            routed=False,
+        ),
         Program(
             "bwd_bcl_direct",
             "bwd",
-            "channel-first backward, each thread loading its own slab from global memory",
+            "channel-first backward, each thread loading its own slab and storing its own dx",
             layout="BCL",
             routed=False,
         ),

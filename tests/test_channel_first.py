@@ -233,3 +233,18 @@ def test_a_channel_first_backward_refuses_trailing_tokens(kernel_backend):
     trailing = (torch.randn(3, 4, device=dev), torch.randn(3, 4, device=dev))
     with pytest.raises(ValueError, match="program: 'bwd_bcl' takes no trailing tokens"):
         ops.backward_impl(dy, x, w, None, doc, None, None, True, torch.float32, "bwd_bcl", trailing=trailing)
+
+
+@pytest.mark.parametrize("program", ["bwd_bcl_loads", "bwd_bcl_direct"])
+def test_every_channel_first_backward_gives_the_same_bits(kernel_backend, program):
+    """Staging a round's rows through shared memory changes who loads and stores what, not the math."""
+    x, w, b, kw = _case(3, 5, 200, 4, torch.bfloat16, torch.float32, "seq_idx", "initial", True, kernel_backend.device)
+    want = _run(x, w, b, kw, True, "weight")
+    xx = x.detach().requires_grad_()
+    st = kw["initial_states"].detach().requires_grad_()
+    wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+    y = causal_conv1d_silu(xx, wg, bg, seq_idx=kw["seq_idx"], initial_states=st, layout="BCL", program=program)
+    gen = torch.Generator().manual_seed(1)
+    (y * torch.randn(y.shape, generator=gen).to(y)).sum().backward()
+    for name, got in (("y", y), ("dx", xx.grad), ("dw", wg.grad), ("db", bg.grad), ("dinit", st.grad)):
+        assert torch.equal(got, want[name]), name

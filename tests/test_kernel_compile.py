@@ -66,7 +66,7 @@ INSTANCES["conv1d_silu_bcl"] = [
     expr for i, a in enumerate(BCL) for expr in (
         kernels.name_expression("conv1d_silu_fwd_bcl", *a, 2),
         kernels.name_expression(
-            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], i % 2 == 0  # staged
+            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], (2, 1, 0)[i % 3]  # staged
         ),
     )
 ]
@@ -200,7 +200,7 @@ HOT = [
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
                                                 True, "int", 2), 64),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
-                                                True, "int", True), 128),
+                                                True, "int", 2), 128),
 ]
 
 

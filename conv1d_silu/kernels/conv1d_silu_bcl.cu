@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // order, missing ones as +0, as the canonical tree adds them). conv1d_silu_fold folds the
 // workspace's nodes from there to the root.
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, bool STAGED>
+          bool SILU, typename I, int STAGED>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
   griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
@@ -149,12 +149,15 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
   A* slot = reinterpret_cast<A*>(smem_raw);  // [NB][bd] slabs, then [NB][n1] and [NB][n2] nodes
   A* lv1 = slot + NB * bd;
   A* lv2 = lv1 + NB * n1;
-  // STAGED: a round's x and dy rows (bd slabs and the tail vectors), then each slab followed by one
-  // vector of padding, so a warp's 16-byte reads of its slabs hit distinct banks
+  // STAGED >= 1: a round's x and dy rows (bd slabs and the tail vectors) pass through shared memory,
+  // each slab followed by one vector of padding, so a warp's 16-byte reads of its slabs hit distinct
+  // banks; STAGED = 2: its dx rows too, on the way out
   using V = Vec<T, VEC>;
   constexpr int PADDED = SLAB + VEC;  // tokens per staged slab
+  constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
-  V* ds = xs + (bd * PADDED + NT * VEC) / VEC;
+  V* ds = xs + bd * PV + NT;
+  V* dxs = ds + bd * PV + NT;
 
   A wv[K][1], bv[1];
   load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
@@ -182,7 +185,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    if (STAGED) {
+    if (STAGED >= 1) {
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100)
@@ -198,7 +201,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
 #pragma unroll
           for (int e = 0; e < VEC; ++e) xv.v[e] = dv.v[e] = cvt<T>(A(0));
         }
-        const int at = (i / NV) * (PADDED / VEC) + i % NV;  // vector i in the padded layout
+        const int at = (i / NV) * PV + i % NV;  // vector i in the padded layout
         xs[at] = xv;
         ds[at] = dv;
       }
@@ -211,10 +214,10 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
       // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows), kept
       // as loaded and converted at use: half the registers of converted 16-bit values
       V xv[NV + NT], dv[NV + NT];
-      if (STAGED) {
+      if (STAGED >= 1) {
 #pragma unroll
         for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
-          const int at = q < NV ? threadIdx.x * (PADDED / VEC) + q : (threadIdx.x + 1) * (PADDED / VEC) + q - NV;
+          const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
           xv[q] = xs[at];
           dv[q] = ds[at];
         }
@@ -313,7 +316,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
           for (int m = 0; m < K; ++m)
             if (dr[(P + 1 + m) % K] == dr[first]) v = fma_(wv[K - 1 - m][0], gr[(P + 1 + m) % K], v);
           dxv[JU % VEC] = v;
-          if (JU % VEC == VEC - 1) {
+          if (JU % VEC == VEC - 1 && STAGED == 2) {
+            store_vec(reinterpret_cast<T*>(dxs + threadIdx.x * PV + JU / VEC), 0, dxv);
+          } else if (JU % VEC == VEC - 1) {
             store_vec(dx, (I)ub * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)ul, dxv);
             ul += VEC;
             if (ul == L) {
@@ -343,6 +348,15 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
 #pragma unroll
     for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
     __syncthreads();
+    if (STAGED == 2) {  // the round's dx rows out, neighbouring threads writing neighbouring vectors
+      const long long tb = base * SLAB, t_end = min_<long long>(S, s_end * SLAB);
+      for (int i = threadIdx.x; i < bd * NV; i += bd) {
+        const long long t = tb + (long long)i * VEC;
+        if (t >= t_end) break;
+        const long long b = t / L, l = t - b * L;
+        *reinterpret_cast<V*>(dx + (I)b * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)l) = dxs[(i / NV) * PV + i % NV];
+      }
+    }
     for (int i = threadIdx.x; i < NB * n1; i += bd) {
       const int k = i / n1, n = i - k * n1;
       A v = slot[k * bd + n * FAN];
