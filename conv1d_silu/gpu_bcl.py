@@ -26,7 +26,8 @@ from .runtime import Args, Launch
 
 FWD_BLOCK = 256  # threads of a forward CTA at most (fewer for short rows)
 FWD_VECTORS = 2  # vectors of VEC tokens per forward thread
-BWD_BLOCK = 256  # slabs per backward round: four level-2 nodes
+BWD_BLOCK = 256  # slabs per backward round at 16-bit x: four level-2 nodes
+BWD_STAGE_BYTES = 1 << 16  # shared memory of a round's staged rows at most: three CTAs per SM
 FWD_TENSORS = ("x", "w", "bias", "table", "init", "y", "final_states")
 BWD_TENSORS = ("x", "dy", "w", "bias", "table", "init", "dx", "dinit", "dw", "db", "workspace")
 
@@ -137,7 +138,13 @@ def backward_launches(
     root, nodes = tree_shape(S)
     top = top_level(root)
     n_slabs = nodes[0]
-    block = BWD_BLOCK if n_slabs > BWD_BLOCK // 2 else max(FAN * FAN, 64 * math.ceil(n_slabs / 64))
+    # rounds of whole level-2 nodes (64 slabs), as many as the staged rows' bytes allow, no more than
+    # the slabs there are
+    node = FAN * FAN
+    cap = BWD_BLOCK
+    if staged:  # x, dy and dx rows of SLAB + VEC tokens per slab
+        cap = max(node, min(cap, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
+    block = min(cap, node * math.ceil(n_slabs / node))
     if top == 2:
         part_slabs = block
         n_parts = math.ceil(n_slabs / block)

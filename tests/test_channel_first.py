@@ -248,3 +248,15 @@ def test_every_channel_first_backward_gives_the_same_bits(kernel_backend, progra
     (y * torch.randn(y.shape, generator=gen).to(y)).sum().backward()
     for name, got in (("y", y), ("dx", xx.grad), ("dw", wg.grad), ("db", bg.grad), ("dinit", st.grad)):
         assert torch.equal(got, want[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_staged_rounds_fit_three_ctas_per_sm(dtype):
+    """The staged backward's shared memory stays within three CTAs per SM at every dtype (fp64 with
+    K = 8 at 256-slab rounds would exceed a CTA's limit)."""
+    for staged in (1, 2):
+        for L in (4096, 1 << 20):
+            launch, _, _ = gpu_bcl.backward_launches(
+                dtype, dtype, dtype, 8, 1, 64, L, (64 * L, L) * 3, 16, True, 0, True, True, 1, False, False, staged
+            )
+            assert launch.smem * 3 <= 227 * 1024 and launch.block % 64 == 0, (staged, L, launch.smem, launch.block)
