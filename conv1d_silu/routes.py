@@ -199,8 +199,8 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "bwd_bcl",
             "bwd",
-            "channel-first backward: each thread walks one slab of one channel, from a round of 256 slabs "
-            "staged in shared memory with coalesced loads, its dx staged on the way out; CTAs fold the rounds",
+            "channel-first backward: each thread walks one slab of one channel, from a round of up to 256 "
+            "slabs staged in shared memory with coalesced loads, its dx staged on the way out; CTAs fold the rounds",
             layout="BCL",
             staged=2,
         ),
