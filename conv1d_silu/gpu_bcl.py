@@ -145,14 +145,10 @@ def backward_launches(
     if staged:  # x, dy and dx rows of SLAB + VEC tokens per slab
         cap = max(node, min(cap, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
     block = min(cap, node * math.ceil(n_slabs / node))
-    if top == 2:
-        part_slabs = block
-        n_parts = math.ceil(n_slabs / block)
-        ws_nodes = 0 if top == root else nodes[2]
-    else:
-        part_slabs = FAN**top
-        n_parts = nodes[top]
-        ws_nodes = 0 if top == root else nodes[top]
+    # a part is one round of level-2 nodes, or one node of the top level
+    part_slabs = block if top == 2 else FAN**top
+    n_parts = math.ceil(n_slabs / part_slabs)
+    ws_nodes = 0 if top == root else nodes[top]  # the CTAs' nodes, which the fold takes to the root
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
     if staged:  # x and dy of a round (each slab and a padding vector, then the tail vectors), and dx

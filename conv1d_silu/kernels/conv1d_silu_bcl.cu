@@ -399,11 +399,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
         count[level] = 0;
         push(level + 1, v);
       }
-    const int k = threadIdx.x;
-    if (top == root) {
-      write_root<TG, A, K, HAS_BIAS>(dw, db, accumulate, k, c, top_value);
-    } else {
-      ws[(part * NB + k) * C + c] = top_value;
-    }
+    // a part above level 2 lies three levels below the root (gpu_bcl.top_level): never the root
+    ws[(part * NB + threadIdx.x) * C + c] = top_value;
   }
 }
