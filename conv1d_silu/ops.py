@@ -141,7 +141,7 @@ def route(
 def like_x(x: Tensor) -> Tensor:
     """An output of x's shape in x's layout: channel-first memory for channel-first x (as
     causal-conv1d's ``torch.empty_like``), else contiguous. The fake kernels give the same."""
-    return gpu_bcl.like_x(x) if channel_first(x) else x.new_empty(x.shape)
+    return gpu_bcl.like_x(x) if channel_first(x) else gpu.fresh_like(x)
 
 
 def _channel_first_copy(t: Tensor) -> Tensor:
