@@ -128,7 +128,7 @@ def top_level(root: int) -> int:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool, staged: int = 2,
+    has_table: bool, accumulate: bool, staged: int = 1,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
     workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
@@ -188,7 +188,7 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
-    staged: int = 2,
+    staged: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
     dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward; ``staged``:

@@ -200,18 +200,19 @@ PROGRAMS: dict[str, Program] = {
             "bwd_bcl",
             "bwd",
             "channel-first backward: each thread walks one slab of one channel, from a round of up to 256 "
-            "slabs staged in shared memory with coalesced loads, its dx staged on the way out; CTAs fold the rounds",
-            layout="BCL",
-            staged=2,
-        ),
-        # The two below are kept to time the staged program against: loading its own slab (16 bytes at a
-        # 64-byte stride per warp instruction) ran at ~30 % of the copy bandwidth on the H100.
-        Program(
-            "bwd_bcl_loads",
-            "bwd",
-            "channel-first backward with staged loads, each thread storing its own dx",
+            "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds",
             layout="BCL",
             staged=1,
+        ),
+        # The two below are kept to time the routed program against (H100, bf16, K = 4, 16384-65536
+        # tokens, C 256-5120): loading its own slab (16 bytes at a 64-byte stride per warp instruction)
+        # costs 1.23-1.82x its time, staging dx as well 1.06-1.39x (the extra barrier per round).
+        Program(
+            "bwd_bcl_staged_dx",
+            "bwd",
+            "channel-first backward with staged loads and dx staged on the way out",
+            layout="BCL",
+            staged=2,
             routed=False,
         ),
         Program(

@@ -235,7 +235,7 @@ def test_a_channel_first_backward_refuses_trailing_tokens(kernel_backend):
         ops.backward_impl(dy, x, w, None, doc, None, None, True, torch.float32, "bwd_bcl", trailing=trailing)
 
 
-@pytest.mark.parametrize("program", ["bwd_bcl_loads", "bwd_bcl_direct"])
+@pytest.mark.parametrize("program", ["bwd_bcl_staged_dx", "bwd_bcl_direct"])
 def test_every_channel_first_backward_gives_the_same_bits(kernel_backend, program):
     """Staging a round's rows through shared memory changes who loads and stores what, not the math."""
     x, w, b, kw = _case(3, 5, 200, 4, torch.bfloat16, torch.float32, "seq_idx", "initial", True, kernel_backend.device)
