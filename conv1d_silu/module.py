@@ -106,6 +106,13 @@ class CausalConv1dSiLU(nn.Module):
 
     def _op(self, x: torch.Tensor, layout: str, **kwargs):
         """The op with this module's parameters, activation, program and main_grad buffers."""
+        axis = -1 if layout == "BLC" else -2
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[axis] != self.weight.shape[0]:
+            # named here, not as the op's weight mismatch: the module's channels are the given ones
+            raise ValueError(
+                f"x: expected {self.weight.shape[0]} channels (the module's) in x.shape[{axis}] for layout "
+                f"{layout!r}, got {x.shape[axis]}"
+            )
         wmg = bmg = None
         if self.accumulate_into_main_grad and torch.is_grad_enabled() and self.weight.requires_grad:
             wmg = getattr(self.weight, "main_grad", None)

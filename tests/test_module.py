@@ -171,6 +171,15 @@ def test_bcl_layout_takes_every_argument():
     torch.testing.assert_close(m.bias.main_grad, ref.bias.grad)
 
 
+@pytest.mark.parametrize("layout", ["BLC", "BCL"])
+def test_module_names_x_when_its_channels_differ(layout):
+    """x of the wrong channel count is the caller's x, not the module's weight."""
+    m = CausalConv1dSiLU(8, layout=layout)
+    x = torch.randn(2, 10, 9) if layout == "BLC" else torch.randn(2, 9, 10)
+    with pytest.raises(ValueError, match=r"^x: expected 8 channels \(the module's\) in x.shape\[-[12]\]"):
+        m(x)
+
+
 def test_module_refuses_an_unknown_program_and_a_missing_main_grad():
     with pytest.raises(ValueError, match="program"):
         CausalConv1dSiLU(8, layout="BCL", program="bogus")
