@@ -199,3 +199,23 @@ def test_the_function_is_applied_as_function_apply_does():
     y = causal_conv1d_silu(leaked[0], w)
     assert not torch._C._functorch.is_functorch_wrapped_tensor(y)
     assert torch.equal(y, causal_conv1d_silu(x, w))
+
+
+def test_kept_scratch_views_are_handed_out_again_until_a_buffer_is_replaced(monkeypatch):
+    """backward_scratch hands a repeated request the same views of the kept buffers; growing a buffer
+    for a larger request replaces it, and views of the replaced buffer are not handed out again; a
+    request past SCRATCH_KEEP_BYTES gets tensors of its own every call, never kept."""
+    monkeypatch.setattr(gpu, "_scratch", {})
+    monkeypatch.setattr(gpu, "_handed", {})
+    cpu = torch.device("cpu")
+    ws, tickets = gpu.backward_scratch(100, torch.float32, 10, cpu)
+    assert gpu.backward_scratch(100, torch.float32, 10, cpu) == (ws, tickets)
+    assert ws.numel() == 100 and tickets.numel() == 10 and not tickets.any()
+    big_ws, _ = gpu.backward_scratch(5000, torch.float32, 10, cpu)  # grows the workspace buffer
+    again, tickets_again = gpu.backward_scratch(100, torch.float32, 10, cpu)
+    assert again._base is big_ws._base is gpu._scratch["workspace", torch.float32, "cpu"]
+    assert again._base is not ws._base and tickets_again._base is tickets._base
+    huge = gpu.SCRATCH_KEEP_BYTES // 4 + 1
+    first, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
+    second, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
+    assert first._base is None and second._base is None and first.data_ptr() != second.data_ptr()
