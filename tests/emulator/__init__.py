@@ -96,8 +96,7 @@ class EmulatorLauncher(Launcher):
         validate(launch, LIMITS)
         self.launches.append(launch)
         lib = _library(launch.source, launch.kernel)
-        params = runtime._params  # the GPU path's per-thread slots and the pointers to them
-        pack_args(launch, params.slots)
+        params = pack_args(launch)  # the GPU path's slots and the pointers to them
         rc = lib.emu_launch(launch.grid[0], launch.block, launch.smem, params.pointers_addr)
         if rc != 0:
             raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")
