@@ -227,7 +227,7 @@ def backward_impl(
             dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
             trailing,
         )
-    else:  # the channel-last kernels, the eager hot path: no layer of its own (a call costs ~1 µs here)
+    else:  # the channel-last kernels: the eager hot path, inline (a layer of its own cost a call per backward)
         # read in place where the kernels can (one row repeated too); a channel stride of 0 (the
         # expanded scalar that y.sum() hands back) needs a copy: the kernels read rows as vectors
         dy_rs = row_stride(dy, repeated=True)

@@ -65,7 +65,7 @@ class Params:
     parameter pointers that ``cuLaunchKernel`` takes (it copies the struct at the call, so a thread
     reuses the slots launch after launch)."""
 
-    __slots__ = ("slots", "pointers", "pointers_addr")
+    __slots__ = ("pointers", "pointers_addr", "slots")
 
     def __init__(self, values: list[int]):
         self.slots = (ctypes.c_int64 * len(values))(*values)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from conv1d_silu import kernels, runtime
+from conv1d_silu import kernels
 from conv1d_silu.gpu import Launcher
 from conv1d_silu.runtime import DeviceLimits, Launch, pack_args, validate
 
