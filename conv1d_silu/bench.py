@@ -552,7 +552,11 @@ def meta(device: torch.device, args, bw: float) -> dict:
     # CONV1D_SILU_COMMIT names the commit where the tree's own git history cannot (a copied tree)
     commit = os.environ.get("CONV1D_SILU_COMMIT", "")
     try:
-        commit = commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        # the package's own checkout, wherever the bench is started from
+        here = os.path.dirname(os.path.abspath(__file__))
+        commit = commit or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here
+        ).stdout.strip()
     except Exception:
         commit = ""
     try:
@@ -604,7 +608,7 @@ def markdown(result: dict) -> str:
     floor = _copy_or_add(result["rows"])
     layout = ", x channel-first (B, C, L), S = B x L" if m.get("layout") == "BCL" else ""
     lines = [
-        (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10]}, {m['dtype']} K={m['K']}{layout}, "
+        (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10] or 'unknown'}, {m['dtype']} K={m['K']}{layout}, "
          f"copy {m['copy_bandwidth_TBps']:.2f} TB/s, {_timing(m)}, {m.get('reps', '?')} reps per row"),
         "",
         ("µs are medians. copy_ / add: PyTorch's pass over the same bytes (`copy_` for the forward: reads x, "

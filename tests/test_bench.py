@@ -122,6 +122,22 @@ def test_meta_takes_the_commit_from_the_environment(monkeypatch):
     assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] != "0123456789abcdef"
 
 
+def test_meta_reads_the_packages_checkout_from_anywhere(monkeypatch, tmp_path):
+    """Started outside the checkout, the bench still names the commit of the package it runs."""
+    import argparse
+    import subprocess
+    from pathlib import Path
+
+    root = Path(bench.__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
+    if not head:
+        pytest.fail("the package does not run from a git checkout")
+    args = argparse.Namespace(dtype="bf16", K=4, graph=True, reps=3, layout="BLC")
+    monkeypatch.delenv("CONV1D_SILU_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert bench.meta(torch.device("cpu"), args, 0.0)["commit"] == head
+
+
 def test_timer_alternates_the_callables_within_every_rep():
     # the same-run ratio's two sides take turns, so a drift during the row reaches both alike
     order = []
