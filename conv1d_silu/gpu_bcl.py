@@ -142,7 +142,7 @@ def backward_launches(
     # the slabs there are
     node = FAN * FAN
     cap = BWD_BLOCK
-    if staged:  # x, dy and dx rows of SLAB + VEC tokens per slab
+    if staged:  # sized for three staged rows (x, dy, dx) at every staging, the rounds the H100 timed
         cap = max(node, min(cap, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
     block = min(cap, node * math.ceil(n_slabs / node))
     # a part is one round of level-2 nodes, or one node of the top level
