@@ -95,11 +95,10 @@ def _eager(
             ops.remember(key, call._replace(doc=None) if doc.table is not None else call)
     elif call.doc is None:
         call = call._replace(doc=checked_doc(x, seq_idx, cu_seqlens, initial_states))
-    function = autograd.CausalConv1dSiLUFunction
     if plain:
-        return function.apply(call, x, weight if weight.dim() == 2 else weight.select(1, 0), bias)
+        return autograd.apply(call, x, weight if weight.dim() == 2 else weight.select(1, 0), bias)
     w2, weight_main_grad, bias_main_grad = _views(weight, weight_main_grad, bias_main_grad)
-    return function.apply(call, x, w2, bias, initial_states, weight_main_grad, bias_main_grad)
+    return autograd.apply(call, x, w2, bias, initial_states, weight_main_grad, bias_main_grad)
 
 
 def _traced(

@@ -62,6 +62,25 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         return None, dx, dw, db, dinit, None, None
 
 
+_function_apply = super(torch.autograd.Function, CausalConv1dSiLUFunction).apply  # the C++ apply
+_functorch_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def apply(call: Call, x, weight, bias, *optional):
+    """``CausalConv1dSiLUFunction.apply``, less its Python wrapper (1.5 µs of a 5.5 µs apply on a fast
+    host): outside functorch's transforms that wrapper only unwraps dead functorch wrappers (tensors
+    leaked out of a finished transform) and calls the C++ apply, as done here; inside one it is taken."""
+    if _functorch_active():
+        return CausalConv1dSiLUFunction.apply(call, x, weight, bias, *optional)
+    x, weight = _unwrap_if_dead(x), _unwrap_if_dead(weight)
+    if bias is not None:
+        bias = _unwrap_if_dead(bias)
+    if optional:
+        optional = [t if t is None else _unwrap_if_dead(t) for t in optional]
+    return _function_apply(call, x, weight, bias, *optional)
+
+
 def _setup_context(ctx, inputs, output):
     x, weight, bias, seq_idx, cu_seqlens, initial_states, wmg, bmg, return_final_states, silu, fp32_grads, program = inputs
     ctx.save_for_backward(x, weight, bias, seq_idx, cu_seqlens, initial_states, wmg, bmg)

@@ -320,7 +320,11 @@ def _forward_launch(
 
 
 _scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type or (index, stream)) -> buffer
-_views: dict[tuple, torch.Tensor] = {}  # the same key -> the last view of that buffer handed out
+# (workspace size and dtype, tickets, device type or (index, stream)) -> the views of the kept buffers
+# handed out for it: one dictionary lookup per call (a slice costs a dispatcher round trip, and the
+# two buffers' own lookups and checks cost 2-3 µs of an eager backward in context); emptied when a
+# buffer is replaced
+_handed: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
 SCRATCH_KEEP_BYTES = 16 << 20  # larger workspaces are allocated per call, not kept
 GRAPH_TICKETS = 1 << 18  # tickets zeroed ahead for captured launches, per device (1 MB)
 
@@ -403,14 +407,20 @@ def backward_scratch(
         if n_tickets and not reserve.holds(n_tickets):
             reserve.top_up(n_tickets, device)
         where = (index, current_stream_ptr(index))
-    workspace = _kept("workspace", ws_elems, ws_dtype, device, where) if ws_elems else None
-    tickets = _kept("tickets", n_tickets, torch.int32, device, where) if n_tickets else None
-    return workspace, tickets
+    key = (ws_elems, ws_dtype, n_tickets, where)
+    views = _handed.get(key)
+    if views is None:
+        workspace = _kept("workspace", ws_elems, ws_dtype, device, where) if ws_elems else None
+        tickets = _kept("tickets", n_tickets, torch.int32, device, where) if n_tickets else None
+        views = workspace, tickets
+        if all(t is None or t._base is not None for t in views):  # both views of kept buffers
+            _handed[key] = views
+    return views
 
 
 def _kept(what: str, n: int, dtype: torch.dtype, device: torch.device, where: tuple) -> torch.Tensor:
-    """``n`` elements of the buffer kept for ``what`` on one (device, stream), grown as needed;
-    the last view handed out is kept too, since a slice costs a dispatcher round trip."""
+    """``n`` elements of the buffer kept for ``what`` on one (device, stream), grown as needed (a
+    view of it), or past SCRATCH_KEEP_BYTES a tensor of this call's own (no view)."""
     key = (what, dtype, where)
     buf = _scratch.get(key)
     if buf is None or buf.numel() < n:
@@ -419,10 +429,8 @@ def _kept(what: str, n: int, dtype: torch.dtype, device: torch.device, where: tu
         if size * dtype.itemsize > SCRATCH_KEEP_BYTES:
             return fresh(n, dtype=dtype, device=device)
         buf = _scratch[key] = fresh(size, dtype=dtype, device=device)
-    view = _views.get(key)
-    if view is None or view.numel() != n or view.data_ptr() != buf.data_ptr():
-        view = _views[key] = buf[:n]
-    return view
+        _handed.clear()  # no view of the replaced buffer is handed out again
+    return buf[:n]
 
 
 @functools.lru_cache(maxsize=8192)

@@ -222,11 +222,23 @@ def backward_impl(
             dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
             prog, keep_scratch, dx_out,
         )
-    else:
-        dx, dw, db, dinit = _backward_channel_last(
+    elif not prog.cuda:
+        dx, dw, db, dinit = _backward_reference(
             dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out,
-            trailing, route, keep_scratch,
+            trailing,
         )
+    else:  # the channel-last kernels: the eager hot path, inline (a layer of its own cost a call per backward)
+        # read in place where the kernels can (one row repeated too); a channel stride of 0 (the
+        # expanded scalar that y.sum() hands back) needs a copy: the kernels read rows as vectors
+        dy_rs = row_stride(dy, repeated=True)
+        if dy_rs is None:
+            dy, dy_rs = dy.contiguous(), dy.shape[-1]
+        dx, dw, db, dinit = gpu.backward(
+            dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog,
+            weight_grad_out, bias_grad_out, _launcher, trailing, route.bwd_plans, keep_scratch,
+        )
+        if dfinal is not None:
+            add_final_state_grads(dx, dinit, dfinal, doc, weight.shape[1])
     if dx_out is not None and dx is not dx_out:
         dx = dx_out.copy_(dx)
     return dx, dw, db, dinit
@@ -260,33 +272,16 @@ def _backward_across_layouts(
     return (dx if cf else dx.contiguous().view(x.shape)), dw, db, dinit
 
 
-def _backward_channel_last(
+def _backward_reference(
     dy, x, weight, bias, doc, initial_states, dfinal, silu, grad_dtype, weight_grad_out, bias_grad_out, trailing,
-    route, keep_scratch,
 ):
-    prog = route.bwd
-    if not prog.cuda:
-        out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
-        dx, dw, db, dinit = reference.backward(
-            dy, x, weight, bias, doc, initial_states, dfinal, silu, out_dtype, trailing
-        )
-        if weight_grad_out is not None:
-            weight_grad_out.add_(dw)
-            if bias_grad_out is not None:
-                bias_grad_out.add_(db)
-            dw, db = weight_grad_out, bias_grad_out
-        return dx, dw, db, dinit
-    # read in place where the kernels can (one row repeated too); a channel stride of 0 (the
-    # expanded scalar that y.sum() hands back) needs a copy: the kernels read rows as vectors
-    dy_rs = row_stride(dy, repeated=True)
-    if dy_rs is None:
-        dy, dy_rs = dy.contiguous(), dy.shape[-1]
-    dx, dw, db, dinit = gpu.backward(
-        dy, dy_rs, x, route.x_stride, weight, bias, doc, initial_states, silu, grad_dtype, prog, weight_grad_out,
-        bias_grad_out, _launcher, trailing, route.bwd_plans, keep_scratch,
-    )
-    if dfinal is not None:
-        add_final_state_grads(dx, dinit, dfinal, doc, weight.shape[1])
+    out_dtype = torch.float32 if weight_grad_out is not None else grad_dtype
+    dx, dw, db, dinit = reference.backward(dy, x, weight, bias, doc, initial_states, dfinal, silu, out_dtype, trailing)
+    if weight_grad_out is not None:
+        weight_grad_out.add_(dw)
+        if bias_grad_out is not None:
+            bias_grad_out.add_(db)
+        dw, db = weight_grad_out, bias_grad_out
     return dx, dw, db, dinit
 
 

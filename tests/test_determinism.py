@@ -67,6 +67,7 @@ def test_reused_tickets_are_left_at_zero(kernel_backend, ticket_climb):
     from conv1d_silu import gpu
 
     gpu._scratch.clear()
+    gpu._handed.clear()
     first, cases = {}, {}
     for S, C in ((3000, 16), (70000, 8), (300, 40)):
         cases[S, C] = make_case(S=S, C=C, K=4, mode="single", dtype=torch.float32, device=kernel_backend.device)

@@ -83,6 +83,41 @@ def test_the_cache_of_eager_calls_is_bounded_and_follows_the_launcher(monkeypatc
     assert not ops.EAGER_CALLS
 
 
+def test_the_program_environment_is_read_by_every_call(monkeypatch):
+    """CONV1D_SILU_PROGRAM, read cheaply from os.environ's own dict, still follows every change
+    between calls: set, reset, emptied, deleted, through monkeypatch or os.environ directly."""
+    import os
+
+    from conv1d_silu import config
+
+    seen = []
+    real = ops.choose
+    monkeypatch.setattr(ops, "choose", lambda d, *a: seen.append(a[-1]) or real(d, *a))
+    monkeypatch.setattr(ops, "EAGER_CALLS", {})
+    monkeypatch.delenv("CONV1D_SILU_PROGRAM", raising=False)
+    x, w, b = _leaves()
+
+    def program(set_env):
+        set_env()
+        seen.clear()
+        causal_conv1d_silu(x, w, b).sum().backward()
+        assert config.forced_program() == (os.environ.get("CONV1D_SILU_PROGRAM") or None)
+        return seen[:1]  # the program the signature was routed with ([] when looked up)
+
+    assert program(lambda: None) == [ops.ROUTED]
+    assert program(lambda: monkeypatch.setenv("CONV1D_SILU_PROGRAM", "reference")) == ["reference"]
+    assert program(lambda: None) == []  # the same signature and program: looked up
+    assert program(lambda: os.environ.__setitem__("CONV1D_SILU_PROGRAM", "")) == []  # empty: routed, seen before
+    os.environ["CONV1D_SILU_PROGRAM"] = "bogus"
+    with pytest.raises(ValueError, match="bogus"):
+        causal_conv1d_silu(x, w, b)
+    os.environ.pop("CONV1D_SILU_PROGRAM")
+    assert config.forced_program() is None
+    assert config.getenv("CONV1D_SILU_PROGRAM", "x") == "x"
+    monkeypatch.setattr(os, "environ", {"CONV1D_SILU_PROGRAM": "reference"})  # a stand-in mapping
+    assert config.forced_program() == "reference"
+
+
 def test_a_gradient_repeated_over_the_tokens_is_read_in_place(kernel_backend, monkeypatch):
     """dy = v.expand(S, C) (the gradient of y.sum(0)) reaches the kernels as one row with a token
     stride of 0, the bits of its dense copy; the expanded scalar of y.sum() has channel stride 0,
@@ -149,3 +184,38 @@ def test_the_eager_host_path_makes_few_python_calls():
         first = _package_calls(step)
     assert len(repeated) <= MAX_PACKAGE_CALLS, repeated
     assert len(first) > 2 * len(repeated)  # the first call of a signature checks, routes and plans
+
+
+def test_the_function_is_applied_as_function_apply_does():
+    """The eager path calls the Function's C++ apply itself: inside a functorch transform it still
+    goes through ``Function.apply`` (and its refusal), and a dead functorch wrapper (a tensor leaked
+    out of a finished transform) is unwrapped first, as ``Function.apply`` does."""
+    x, w = torch.randn(40, 8), torch.randn(8, 4)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda t: causal_conv1d_silu(t, w).sum())(x)
+    leaked = []
+    torch.func.grad(lambda t: leaked.append(t) or (t * 2).sum())(x)
+    assert torch._C._functorch.is_functorch_wrapped_tensor(leaked[0])
+    y = causal_conv1d_silu(leaked[0], w)
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(y)
+    assert torch.equal(y, causal_conv1d_silu(x, w))
+
+
+def test_kept_scratch_views_are_handed_out_again_until_a_buffer_is_replaced(monkeypatch):
+    """backward_scratch hands a repeated request the same views of the kept buffers; growing a buffer
+    for a larger request replaces it, and views of the replaced buffer are not handed out again; a
+    request past SCRATCH_KEEP_BYTES gets tensors of its own every call, never kept."""
+    monkeypatch.setattr(gpu, "_scratch", {})
+    monkeypatch.setattr(gpu, "_handed", {})
+    cpu = torch.device("cpu")
+    ws, tickets = gpu.backward_scratch(100, torch.float32, 10, cpu)
+    assert gpu.backward_scratch(100, torch.float32, 10, cpu) == (ws, tickets)
+    assert ws.numel() == 100 and tickets.numel() == 10 and not tickets.any()
+    big_ws, _ = gpu.backward_scratch(5000, torch.float32, 10, cpu)  # grows the workspace buffer
+    again, tickets_again = gpu.backward_scratch(100, torch.float32, 10, cpu)
+    assert again._base is big_ws._base is gpu._scratch["workspace", torch.float32, "cpu"]
+    assert again._base is not ws._base and tickets_again._base is tickets._base
+    huge = gpu.SCRATCH_KEEP_BYTES // 4 + 1
+    first, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
+    second, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
+    assert first._base is None and second._base is None and first.data_ptr() != second.data_ptr()

@@ -46,7 +46,7 @@ class NoLaunch(gpu.Launcher):
     def __call__(self, launch, device) -> None:
         if self.checks:
             runtime.validate(launch, LIMITS)
-            runtime.pack_args(launch, runtime._params.slots)
+            runtime.pack_args(launch)
 
 
 def main(argv: list[str] | None = None) -> None:

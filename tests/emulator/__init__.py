@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from conv1d_silu import kernels, runtime
+from conv1d_silu import kernels
 from conv1d_silu.gpu import Launcher
 from conv1d_silu.runtime import DeviceLimits, Launch, pack_args, validate
 
@@ -96,8 +96,7 @@ class EmulatorLauncher(Launcher):
         validate(launch, LIMITS)
         self.launches.append(launch)
         lib = _library(launch.source, launch.kernel)
-        params = runtime._params  # the GPU path's per-thread slots and the pointers to them
-        pack_args(launch, params.slots)
+        params = pack_args(launch)  # the GPU path's slots and the pointers to them
         rc = lib.emu_launch(launch.grid[0], launch.block, launch.smem, params.pointers_addr)
         if rc != 0:
             raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")
