@@ -326,6 +326,7 @@ _scratch: dict[tuple, torch.Tensor] = {}  # (what, dtype, device type or (index,
 # buffer is replaced
 _handed: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
 SCRATCH_KEEP_BYTES = 16 << 20  # larger workspaces are allocated per call, not kept
+MAX_HANDED = 256  # sizes whose views are kept handed out; past it the table starts over
 GRAPH_TICKETS = 1 << 18  # tickets zeroed ahead for captured launches, per device (1 MB)
 
 
@@ -413,7 +414,15 @@ def backward_scratch(
         workspace = _kept("workspace", ws_elems, ws_dtype, device, where) if ws_elems else None
         tickets = _kept("tickets", n_tickets, torch.int32, device, where) if n_tickets else None
         views = workspace, tickets
-        if all(t is None or t._base is not None for t in views):  # both views of kept buffers
+        kept = (
+            _scratch.get(("workspace", ws_dtype, where)) if ws_elems else None,
+            _scratch.get(("tickets", torch.int32, where)) if n_tickets else None,
+        )
+        # only views of the buffers kept now (another thread may have replaced one since), and a
+        # bounded number of sizes: sequence lengths vary
+        if all(t is None or t._base is k for t, k in zip(views, kept)):
+            if len(_handed) >= MAX_HANDED:
+                _handed.clear()
             _handed[key] = views
     return views
 

@@ -219,3 +219,35 @@ def test_kept_scratch_views_are_handed_out_again_until_a_buffer_is_replaced(monk
     first, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
     second, _ = gpu.backward_scratch(huge, torch.float32, 0, cpu)
     assert first._base is None and second._base is None and first.data_ptr() != second.data_ptr()
+
+
+def test_handed_views_stay_bounded_and_current(monkeypatch):
+    """Varying sequence lengths do not grow the table of handed-out views past MAX_HANDED, and a
+    buffer replaced after a request's views were cut (by another thread) is not cached."""
+    monkeypatch.setattr(gpu, "_scratch", {})
+    monkeypatch.setattr(gpu, "_handed", {})
+    monkeypatch.setattr(gpu, "MAX_HANDED", 8)
+    cpu = torch.device("cpu")
+    gpu.backward_scratch(4000, torch.float32, 100, cpu)  # the buffers at their steady size
+    for n in range(1, 40):
+        gpu.backward_scratch(n, torch.float32, n % 7, cpu)
+        assert len(gpu._handed) <= 8
+    gpu._handed.clear()
+    kept = gpu._kept
+
+    def replaced_meanwhile(what, n, dtype, device, where):  # another thread grows the buffer
+        view = kept(what, n, dtype, device, where)
+        gpu._scratch[what, dtype, where] = torch.empty(2 * gpu._scratch[what, dtype, where].numel(), dtype=dtype)
+        return view
+
+    monkeypatch.setattr(gpu, "_kept", replaced_meanwhile)
+    gpu.backward_scratch(10, torch.float32, 0, cpu)
+    assert not gpu._handed
+
+
+def test_the_function_defines_no_setup_context():
+    """autograd.apply calls the Function's C++ apply, skipping Function.apply's binding of default
+    arguments, which only a Function with its own setup_context needs."""
+    from conv1d_silu.autograd import CausalConv1dSiLUFunction
+
+    assert CausalConv1dSiLUFunction.setup_context is torch.autograd.Function.setup_context
