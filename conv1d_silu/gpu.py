@@ -25,7 +25,11 @@ FAN = 8  # children per node of the canonical tree
 
 
 class Launcher:
-    """Where launches go. Subclassed by the CPU emulator of the tests."""
+    """Where launches go. A planned launch is prepared once (:meth:`prepare`, per call signature and
+    alignment class) into a callable that each call gives its tensors, and the outputs it did not
+    allocate with the inputs they must not overlap. This base class hands every call to
+    :meth:`__call__` as a bound :class:`runtime.Launch` (the recorders of tune.py and the tests);
+    :class:`CudaLauncher` and the tests' emulator prepare the launch itself (:class:`runtime.Prepared`)."""
 
     def sm_count(self, device: torch.device) -> int:
         return runtime.device_limits(device_index(device)).sm_count
@@ -33,11 +37,25 @@ class Launcher:
     def max_active_blocks(self, launch: Launch, device: torch.device) -> int:
         return runtime.max_active_blocks(launch.source, launch.kernel, launch.block, launch.smem, device_index(device))
 
+    def prepare(self, launch: Launch, device: torch.device):
+        """``launch`` (a planned launch) ready to be called as ``f(tensors, outputs=(), inputs=())``."""
+        return functools.partial(self._bound, launch, device)
+
+    def _bound(self, launch: Launch, device: torch.device, tensors: tuple, outputs: tuple = (), inputs: tuple = ()):
+        self(launch.bind(tensors, outputs, inputs), device)
+
     def __call__(self, launch: Launch, device: torch.device) -> None:
         runtime.launch(launch, device)
 
 
-CUDA = Launcher()
+class CudaLauncher(Launcher):
+    """The GPU: each planned launch prepared once per device by the runtime."""
+
+    def prepare(self, launch: Launch, device: torch.device) -> runtime.Prepared:
+        return runtime.prepare(launch, device)
+
+
+CUDA = CudaLauncher()
 
 
 def alignment(*tensors: torch.Tensor | None) -> int:
@@ -266,17 +284,17 @@ def forward(
         return y, final
     init = dense(initial_states)
     align = alignment(x, init, final)
-    planned = None if plans is None else plans.get(align)
-    if planned is None:
+    prepared = None if plans is None else plans.get(align)
+    if prepared is None:
         planned = _forward_launch(
             x, weight, bias is not None, doc, init is not None, final is not None, silu, program, row_stride, align,
             launcher,
         )
+        prepared = launcher.prepare(planned, x.device)
         if plans is not None:
-            plans[align] = planned
-    tensors = (x, dense(weight), dense(bias), doc.table, init, y, final)
+            plans[align] = prepared
     # y and final are allocated here, so they cannot overlap an input: no overlap check to pay for
-    launcher(planned.bind(tensors, (), ()), x.device)
+    prepared((x, dense(weight), dense(bias), doc.table, init, y, final))
     return y, final
 
 
@@ -295,7 +313,7 @@ def _forward_launch(
     x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, final: bool, silu: bool,
     program: Program, x_stride: int, align: int, launcher: Launcher,
 ) -> Launch:
-    """The forward's launch but its tensors (:meth:`Launch.bind`)."""
+    """The forward's planned launch: all but its tensors (:meth:`Launcher.prepare`)."""
     C, K = weight.shape
     n_docs = doc.num_docs or 0
     key = (
@@ -513,14 +531,17 @@ def backward(
     if trailing is not None and trailing[0].shape[0] > 0:
         next_x, next_dy = (dense(t) for t in trailing)
     key = (dy_stride, alignment(x, dy, init, next_x, next_dy), 0 if next_x is None else next_x.shape[0])
-    planned = None if plans is None else plans.get(key)
-    if planned is None:
-        planned = _backward_launches(
+    prepared = None if plans is None else plans.get(key)
+    if prepared is None:
+        launch, fold, scratch = _backward_launches(
             x, weight, has_bias, doc, init is not None, silu, dw.dtype, program, x_stride, *key, accumulate, launcher
         )
+        prepared = (
+            launcher.prepare(launch, x.device), None if fold is None else launcher.prepare(fold, x.device), scratch
+        )
         if plans is not None:
-            plans[key] = planned
-    launch, fold, scratch = planned
+            plans[key] = prepared
+    launch, fold, scratch = prepared
     device = x.device
     workspace, tickets = backward_scratch(*scratch, device, keep_scratch)
     tensors = (
@@ -533,9 +554,9 @@ def backward(
         inputs = tuple(t for t in (x, dy, init, next_x, next_dy) if t is not None)
     else:
         outputs = inputs = ()
-    launcher(launch.bind(tensors, outputs, inputs), device)
+    launch(tensors, outputs, inputs)
     if fold is not None:
-        launcher(fold.bind((workspace, dw, db), (), ()), device)
+        fold((workspace, dw, db))
     return dx, dw, db, dinit
 
 
@@ -578,7 +599,7 @@ def _backward_launches(
     grad_dtype: torch.dtype, program: Program, x_stride: int, dy_stride: int, align: int, n_next: int,
     accumulate: bool, launcher: Launcher,
 ) -> tuple[Launch, Launch | None, tuple[int, torch.dtype, int]]:
-    """The backward's launch and the fold's (or None) but their tensors (:meth:`Launch.bind`), and
+    """The backward's planned launch and the fold's (or None), all but their tensors, and
     the size and dtype of the workspace and the number of tickets they take (backward_scratch)."""
     C, K = weight.shape
     n_docs = doc.num_docs or 0

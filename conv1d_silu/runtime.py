@@ -6,8 +6,9 @@
   ``cuLaunchKernel`` (CuPy's driver binding) with every parameter packed as 8 bytes, in the CUDA
   context CuPy loaded the kernel in; no host synchronisation and no CuPy allocation: a warmed-up
   call is CUDA-graph capturable.
-* Every launch passes :func:`validate` first (grid/block shape, shared memory, output aliasing,
-  index width).
+* A planned launch is prepared once per device (:class:`Prepared`: grid/block shape, shared memory
+  and index width checked, the kernel looked up); each call checks only the overlap of outputs it
+  did not allocate, writes its tensors' addresses and submits.
 
 CuPy is imported lazily, so importing conv1d_silu never initialises CUDA.
 """
@@ -18,7 +19,10 @@ import ctypes
 import functools
 import os
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -98,7 +102,7 @@ class Launch:
     # sm_90+); the kernel waits for it in-kernel (griddepcontrol.wait) before reading its results
     programmatic: bool = False
     planned: Launch | None = None  # the planned launch a call's launch binds
-    valid_on: DeviceLimits | None = None  # a planned launch: the limits its geometry was checked against
+    ready: dict[int, Prepared] | None = None  # a planned launch: prepared per device index (runtime.launch)
 
     def bind(self, tensors: tuple, outputs: tuple, inputs: tuple) -> Launch:
         """This planned launch with a call's tensors."""
@@ -138,18 +142,20 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def validate(launch: Launch, limits: DeviceLimits) -> None:
-    """Reject a launch that would be wrong or undefined on the device: its geometry (checked once
-    per planned launch and device) and its outputs' overlap with its inputs."""
-    planned = launch.planned or launch
-    if planned.valid_on is not limits:
-        _validate_geometry(planned, limits)
-        planned.valid_on = limits
-    for out in launch.outputs:
+    """Reject a launch that would be wrong or undefined on the device: its geometry and its outputs'
+    overlap with its inputs. A prepared launch (:class:`Prepared`) checks the geometry once per
+    device, and per call only the overlap of the outputs it is given."""
+    _validate_geometry(launch, limits)
+    check_overlap(launch.kernel, launch.outputs, launch.inputs)
+
+
+def check_overlap(kernel: str, outputs: tuple, inputs: tuple) -> None:
+    for out in outputs:
         o0, o1 = _span(out)
-        for t in launch.inputs:
+        for t in inputs:
             i0, i1 = _span(t)
             if o0 < i1 and i0 < o1:
-                raise ValueError(f"{launch.kernel}: an output overlaps an input (outputs must be fresh)")
+                raise ValueError(f"{kernel}: an output overlaps an input (outputs must be fresh)")
 
 
 def _validate_geometry(launch: Launch, limits: DeviceLimits) -> None:
@@ -294,19 +300,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-class _ExConfig(threading.local):
-    """Per-thread ``cuLaunchKernelEx`` configuration with the programmatic-serialization attribute
-    (CuPy's driver binding has no ``cuLaunchKernelEx``, so it is called through ctypes)."""
-
-    def __init__(self):
-        self.attr = _LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
-        self.attr.value[0] = 1
-        self.config = _LaunchConfig(attrs=ctypes.pointer(self.attr), num_attrs=1)
-
-
-_ex = _ExConfig()
-
-
 @functools.lru_cache(maxsize=1)
 def _libcuda() -> ctypes.CDLL:
     return ctypes.CDLL("libcuda.so.1")
@@ -331,45 +324,140 @@ def programmatic_launches(index: int) -> bool:
     return _libcuda().cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value >= 12030
 
 
-def _launch_programmatic(handle: int, spec: Launch, stream: int, params: int) -> None:
-    cfg = _ex.config
-    cfg.grid[:] = spec.grid
-    cfg.block[:] = (spec.block, 1, 1)
-    cfg.smem = spec.smem
-    cfg.stream = stream
-    err = _launch_kernel_ex()(ctypes.byref(cfg), handle, params, None)
-    if err:
-        raise RuntimeError(f"conv1d_silu: cuLaunchKernelEx of {spec.kernel} failed with CUresult {err}")
+class Driver(NamedTuple):
+    """The calls a prepared launch makes, with the CUDA driver's signatures: the CUDA driver on a GPU
+    (:func:`cuda_driver`); the tests' CPU emulator and tools/host_profile.py pass stand-ins, so every
+    step of a launch but these calls runs on any machine."""
+
+    ctx_get_current: Callable[[], int]  # cuCtxGetCurrent
+    stream: Callable[[int], int]  # the current stream of a device index (torch's)
+    launch_kernel: Callable[..., object]  # cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
+    launch_kernel_ex: Callable[..., int]  # cuLaunchKernelEx(config ref, f, params, extra) -> CUresult
+    enter: Callable[[int], AbstractContextManager]  # makes a device's context current
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_driver() -> Driver:
+    """The CUDA driver: CuPy's binding, and ctypes for ``cuLaunchKernelEx`` (CuPy has none)."""
+    driver = _driver()
+    return Driver(
+        driver.ctxGetCurrent, current_stream_ptr if _raw_stream is None else _raw_stream, driver.launchKernel,
+        _launch_kernel_ex(), _cupy().cuda.Device,
+    )
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class _ThreadParams:
+    """A prepared launch's buffers in one thread: the argument struct (integer fields written once,
+    the addresses by each call), the pointer to it that the driver takes, and for a programmatic
+    launch its ``cuLaunchKernelEx`` configuration (geometry written once, the stream by each call)."""
+
+    __slots__ = ("params", "pointers", "config", "config_ref", "attr")
+
+    def __init__(self, prepared: Prepared):
+        self.params = Params(prepared.launch.args._values)
+        self.pointers = self.params.pointers_addr
+        self.config = self.config_ref = self.attr = None
+        if prepared.programmatic:
+            self.attr = _LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
+            self.attr.value[0] = 1
+            launch = prepared.launch
+            self.config = _LaunchConfig(
+                grid=launch.grid, block=(launch.block, 1, 1), smem=launch.smem, attrs=ctypes.pointer(self.attr),
+                num_attrs=1,
+            )
+            self.config_ref = ctypes.byref(self.config)
+
+
+class Prepared:
+    """A planned launch made ready on one device, once: its geometry checked against the device's
+    limits, the kernel compiled and its shared memory prepared, the driver's handle, context and
+    programmatic decision looked up. A call (``prepared(tensors, outputs, inputs)``) checks the outputs
+    given against the inputs for overlap, writes its tensors' addresses into this thread's argument
+    struct and submits on the device's current stream: no launch object is built per call, and
+    nothing planned is looked up again (binding, validating and packing a ``Launch`` per call, and the
+    lookups of ``runtime.launch``, cost a fifth of an eager forward + backward's host time).
+
+    ``tensors`` follow ``launch.args.tensors`` (None where the plan has a null pointer); ``outputs`` are
+    those the caller passed in (fresh allocations cannot overlap an input and are not checked).
+    ``CONV1D_SILU_PROGRAMMATIC`` is read by every programmatic launch, so it can be set at any time."""
+
+    __slots__ = (
+        "launch", "index", "handle", "context", "programmatic", "driver", "_slots", "_local", "_geometry",
+    )
+
+    def __init__(
+        self, launch: Launch, limits: DeviceLimits, index: int, handle, context: int, programmatic: bool,
+        driver: Driver,
+    ):
+        _validate_geometry(launch, limits)
+        self.launch, self.index, self.handle, self.context, self.driver = launch, index, handle, context, driver
+        self.programmatic = launch.programmatic and programmatic
+        # (field, position in a call's tensors) of each pointer field a call fills
+        self._slots = launch.args._tensor_slots
+        self._geometry = (*launch.grid, launch.block, 1, 1, launch.smem)
+        self._local = threading.local()  # .t: this thread's _ThreadParams (freed with the thread)
+
+    def __call__(self, tensors: tuple, outputs: tuple = (), inputs: tuple = ()) -> None:
+        if outputs:
+            check_overlap(self.launch.kernel, outputs, inputs)
+        try:
+            t = self._local.t
+        except AttributeError:
+            t = self._local.t = _ThreadParams(self)
+        slots = t.params.slots
+        for slot, i in self._slots:
+            slots[slot] = tensors[i].data_ptr()
+        driver = self.driver
+        if driver.ctx_get_current() == self.context:
+            self._submit(driver, t)
+        else:  # the context CuPy loaded the kernel in, entered (torch's device guard makes it current)
+            with driver.enter(self.index):
+                self._submit(driver, t)
+
+    def _submit(self, driver: Driver, t: _ThreadParams) -> None:
+        stream = driver.stream(self.index)
+        if self.programmatic and config.programmatic_launches():
+            t.config.stream = stream
+            err = driver.launch_kernel_ex(t.config_ref, self.handle, t.pointers, None)
+            if err:
+                raise RuntimeError(f"conv1d_silu: cuLaunchKernelEx of {self.launch.kernel} failed with CUresult {err}")
+        else:
+            driver.launch_kernel(self.handle, *self._geometry, stream, t.pointers, 0)
+
+
+def prepare(launch: Launch, device: torch.device) -> Prepared:
+    """``launch`` (a planned launch) ready on ``device``'s GPU: compiled on first use, checked, its
+    shared memory limit raised where needed (:class:`Prepared`)."""
+    index = device_index(device)
+    fn = function(launch.source, launch.kernel, index)
+    _prepare_smem(fn, launch.smem, index)
+    return Prepared(
+        launch, device_limits(index), index, _handles[(launch.source, launch.kernel, index)], _contexts[index],
+        programmatic_launches(index), cuda_driver(),
+    )
 
 
 def launch(spec: Launch, device: torch.device) -> None:
-    """Validate and launch on the current stream of ``device``.
+    """Validate and launch a bound launch (:meth:`Launch.bind`) on the current stream of ``device``:
+    its planned launch prepared once per device (:class:`Prepared`, kept on the planned launch), then
+    called with the bound tensors.
 
     The launch goes straight to ``cuLaunchKernel`` with the packed parameters (CuPy's per-argument
     conversion costs more than the launch itself on a slow host), in the CUDA context CuPy loaded the
     kernel in: the caller's when it is current, as it is under torch's device guard, else entered.
     """
+    planned = spec.planned or spec
     index = device_index(device)
-    validate(spec, device_limits(index))
-    fn = function(spec.source, spec.kernel, index)
-    _prepare_smem(fn, spec.smem, index)
-    params = pack_args(spec).pointers_addr
-    driver = _driver()
-    handle = _handles[(spec.source, spec.kernel, index)]
-    if driver.ctxGetCurrent() == _contexts[index]:
-        _submit(driver, handle, spec, index, params)
-    else:
-        with _cupy().cuda.Device(index):
-            _submit(driver, handle, spec, index, params)
-
-
-def _submit(driver, handle: int, spec: Launch, index: int, params: int) -> None:
-    stream = current_stream_ptr(index)
-    if spec.programmatic and programmatic_launches(index) and config.programmatic_launches():
-        _launch_programmatic(handle, spec, stream, params)
-    else:
-        gx, gy, gz = spec.grid
-        driver.launchKernel(handle, gx, gy, gz, spec.block, 1, 1, spec.smem, stream, params, 0)
+    ready = planned.ready
+    if ready is None:
+        ready = planned.ready = {}
+    prepared = ready.get(index)
+    if prepared is None:
+        prepared = ready[index] = prepare(planned, device)
+    prepared(spec.tensors, spec.outputs, spec.inputs)
 
 
 def cache_dir() -> str:

@@ -273,8 +273,13 @@ def test_launch_config_structures_match_cuda_h():
     assert ctypes.sizeof(runtime._LaunchConfig) == 56
     assert (runtime._LaunchConfig.smem.offset, runtime._LaunchConfig.stream.offset) == (24, 32)
     assert (runtime._LaunchConfig.attrs.offset, runtime._LaunchConfig.num_attrs.offset) == (40, 48)
-    attr = runtime._ex.attr
+    fold = gpu.fold_launch(torch.float32, torch.float32, 4, 8, True, 20, 2, False)
+    prepared = runtime.Prepared(fold, LIMITS, 0, 1, 0, True, _recording_driver([]))
+    t = runtime._ThreadParams(prepared)
+    attr, cfg = t.attr, t.config
     assert (attr.id, attr.value[0]) == (runtime.PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    assert (tuple(cfg.grid), tuple(cfg.block), cfg.smem) == (fold.grid, (fold.block, 1, 1), fold.smem)
+    assert cfg.num_attrs == 1 and ctypes.addressof(cfg.attrs.contents) == ctypes.addressof(attr)
 
 
 def test_pack_args_writes_addresses_zeros_and_ints_in_field_order():
@@ -388,22 +393,153 @@ def ops_arch() -> str:
     return ops._arch(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("env,want", [(None, "programmatic"), ("0", "plain")])
+def _recording_driver(calls: list, context: int = 0):
+    """A stand-in driver that records each launch: ("plain", grid x, block, smem, stream, params) or
+    ("programmatic", ...) from the cuLaunchKernelEx configuration, and each context entered."""
+    import contextlib
+
+    def plain(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        calls.append(("plain", handle, gx, bx, smem, stream, params))
+
+    def programmatic(ref, handle, params, extra):
+        cfg = ref._obj
+        calls.append(("programmatic", handle, cfg.grid[0], cfg.block[0], cfg.smem, cfg.stream or 0, params))
+        return 0
+
+    @contextlib.contextmanager
+    def enter(index):
+        calls.append(("enter", index))
+        yield
+
+    return runtime.Driver(lambda: context, lambda index: 1000 + index, plain, programmatic, enter)
+
+
+@pytest.mark.parametrize("env,want", [(None, "programmatic"), ("0", "plain"), ("1", "programmatic")])
 def test_programmatic_launches_can_be_forced_off(monkeypatch, env, want):
     """CONV1D_SILU_PROGRAMMATIC=0 sends a launch marked programmatic through cuLaunchKernel: the path
-    of every GPU before sm_90, which tests/test_gpu.py runs on an sm_90 GPU for the bits."""
+    of every GPU before sm_90, which tests/test_gpu.py runs on an sm_90 GPU for the bits. The switch is
+    read by every launch: a launch prepared before it is set follows it."""
     calls = []
-
-    class Driver:
-        def launchKernel(self, *args):
-            calls.append("plain")
-
-    if env is None:
-        monkeypatch.delenv("CONV1D_SILU_PROGRAMMATIC", raising=False)
-    else:
+    monkeypatch.delenv("CONV1D_SILU_PROGRAMMATIC", raising=False)
+    fold = gpu.fold_launch(torch.float32, torch.float32, 4, 8, True, 20, 2, False)
+    prepared = runtime.Prepared(fold, LIMITS, 3, 77, 0, True, _recording_driver(calls))
+    if env is not None:
         monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", env)
-    monkeypatch.setattr(runtime, "programmatic_launches", lambda index: True)
-    monkeypatch.setattr(runtime, "current_stream_ptr", lambda index: 0)
-    monkeypatch.setattr(runtime, "_launch_programmatic", lambda *args: calls.append("programmatic"))
-    runtime._submit(Driver(), 0, launch(programmatic=True), 0, 0)
-    assert calls == [want]
+    ws, dw, db = torch.zeros(100), torch.zeros(8, 4), torch.zeros(8)
+    prepared((ws, dw, db))
+    assert [c[0] for c in calls] == [want]
+    assert calls[0][1:6] == (77, fold.grid[0], fold.block, fold.smem, 1003)
+    # a device without programmatic launches (before sm_90, or an old driver) never takes them
+    calls.clear()
+    runtime.Prepared(fold, LIMITS, 3, 77, 0, False, _recording_driver(calls))((ws, dw, db))
+    assert [c[0] for c in calls] == ["plain"]
+
+
+def test_a_prepared_launch_packs_what_pack_args_packs():
+    """A planned launch's prepared form writes the struct that ``pack_args`` of the bound launch writes
+    (addresses of the call's tensors, zeros, integers in field order), launch after launch, in a
+    struct of each thread's own; its parameter pointer points at that struct."""
+    import ctypes
+    import threading
+
+    from conv1d_silu.documents import doc_table
+
+    x, w, b = torch.randn(100, 8), torch.randn(8, 4), torch.randn(8)
+    doc = doc_table(x, None, None, None)
+    launch, _, _ = gpu._backward_launches(
+        x, w, True, doc, False, True, torch.float32, routes.PROGRAMS["rowgroup"], 8, 8, 16, 0, False, gpu.Launcher()
+    )
+    calls = []
+    prepared = runtime.Prepared(launch, LIMITS, 0, 5, 0, True, _recording_driver(calls))
+
+    def call_tensors():
+        dy, dx, dw, db = torch.randn_like(x), torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)
+        ws, tickets = torch.empty(1000), torch.zeros(10, dtype=torch.int32)
+        return (x, dy, w, b, None, None, dx, None, dw, db, ws, tickets, None, None)
+
+    seen = []
+    for _ in range(2):
+        tensors = call_tensors()
+        prepared(tensors)
+        params = ctypes.c_void_p.from_address(calls[-1][-1]).value  # the struct the launch was given
+        slots = list((ctypes.c_int64 * len(launch.args.fields)).from_address(params))
+        assert slots == list(runtime.pack_args(launch.bind(tensors, (), ())).slots)
+        seen.append(params)
+    assert seen[0] == seen[1]  # the same struct, rewritten
+    other = []
+    thread = threading.Thread(target=lambda: (prepared(call_tensors()), other.append(calls[-1][-1])))
+    thread.start()
+    thread.join()
+    assert ctypes.c_void_p.from_address(other[0]).value != seen[0]  # another thread's own struct
+    assert [c[0] for c in calls] == ["plain"] * 3 and {c[5] for c in calls} == {1000}
+
+
+def test_a_prepared_launch_checks_geometry_once_and_overlap_per_call():
+    calls = []
+    with pytest.raises(ValueError, match="block"):
+        runtime.Prepared(launch(block=2048, args=_fold_args()), LIMITS, 0, 1, 0, False, _recording_driver(calls))
+    prepared = runtime.Prepared(launch(args=_fold_args()), LIMITS, 0, 1, 0, False, _recording_driver(calls))
+    ws, dw, db = torch.zeros(100), torch.zeros(8, 4), torch.zeros(8)
+    with pytest.raises(ValueError, match="overlaps"):
+        prepared((ws, dw, db), (ws[10:20],), (ws,))
+    prepared((ws, dw, db), (dw,), (ws,))
+    assert [c[0] for c in calls] == ["plain"]
+
+
+def test_a_prepared_launch_enters_the_kernels_context_when_another_is_current():
+    calls = []
+    prepared = runtime.Prepared(launch(args=_fold_args()), LIMITS, 2, 1, 42, False, _recording_driver(calls, 7))
+    prepared((torch.zeros(100), torch.zeros(8, 4), torch.zeros(8)))
+    assert [c[0] for c in calls] == ["enter", "plain"] and calls[0][1] == 2
+
+
+def _fold_args():
+    from conv1d_silu.runtime import Args
+
+    return Args("conv1d_silu_fold", gpu.FOLD_TENSORS, accumulate=0, C=8, n_nodes=20, levels=2)
+
+
+def test_runtime_launch_prepares_a_planned_launch_once_per_device(monkeypatch):
+    """runtime.launch (the channel-first and decoding launches, bound per call) prepares the planned
+    launch once per device index and keeps it on the planned launch."""
+    made = []
+
+    def prepare(planned, device):
+        made.append((planned, device))
+        return lambda tensors, outputs, inputs: None
+
+    monkeypatch.setattr(runtime, "prepare", prepare)
+    planned = launch(args=_fold_args())
+    t = (torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    for index in (0, 0, 1, 0):
+        runtime.launch(planned.bind(t, (), ()), torch.device("cuda", index))
+    assert [d.index for _, d in made] == [0, 1] and all(p is planned for p, _ in made)
+
+
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_the_emulator_runs_the_fold_through_the_programmatic_path_unless_forced_off(monkeypatch, env):
+    """The emulator calls prepared launches as the GPU does: the fold (marked programmatic) goes
+    through cuLaunchKernelEx's configuration unless CONV1D_SILU_PROGRAMMATIC=0, with the same bits."""
+    import emulator
+    from emulator import EmulatorLauncher
+
+    from conv1d_silu.documents import doc_table
+
+    if not emulator.available():
+        pytest.skip("no C++ compiler for the emulator")
+    monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", env)
+    torch.manual_seed(0)
+    x, w = torch.randn(5000, 8), torch.randn(8, 4)
+    dy = torch.randn_like(x)
+    doc = doc_table(x, None, None, None)
+    prog = routes.PROGRAMS["rowgroup"]
+
+    def run():
+        emulator.PROGRAMMATIC.clear()
+        return gpu.backward(dy, 8, x, 8, w, None, doc, None, True, torch.float32, prog, launcher=EmulatorLauncher())
+
+    got = run()
+    assert [k.split("<")[0] for k in emulator.PROGRAMMATIC] == (["conv1d_silu_fold"] if env == "1" else [])
+    monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", "0" if env == "1" else "1")
+    again = run()
+    assert all(torch.equal(a, c) for a, c in zip(got[:2], again[:2]))

@@ -11,6 +11,7 @@ call, on any machine; a second measurement stops where the launcher is entered.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -28,11 +29,23 @@ from conv1d_silu.bench import host_overhead_us, tiny_steps  # noqa: E402
 LIMITS = runtime.DeviceLimits(sm_count=132, max_threads=1024, smem_default=48 * 1024, smem_optin=227 * 1024)
 
 
+def _no_launch(*args) -> int:
+    return 0
+
+
+# The driver's calls as stand-ins of one call each: C builtins for the context and stream queries
+# (CuPy's and torch's bindings are C calls too; both return 0, the context "loaded" and the stream),
+# a Python function that returns at once for the launch itself.
+NO_DRIVER = runtime.Driver(int, abs, _no_launch, _no_launch, lambda index: contextlib.nullcontext())
+
+
 class NoLaunch(gpu.Launcher):
-    """Plans, validates and packs every launch as ``runtime.launch`` does, then returns where the
-    compiled kernel would be looked up and the driver entered (an H100's limits: 132 SMs, two CTAs
-    per SM), so the whole host path runs on any machine. ``checks=False`` returns at once: the path
-    up to the launcher."""
+    """Prepares every planned launch as ``runtime.prepare`` does (its geometry checked against an
+    H100's limits: 132 SMs, two CTAs per SM) and calls it as the GPU path does (overlap check,
+    this thread's struct, the addresses, the context and stream queries, the programmatic switch),
+    with :data:`NO_DRIVER` in place of the driver: the whole host path but the compiled kernel's
+    lookup and the driver's calls, on any machine. ``checks=False`` returns at once: the path up to
+    the launcher."""
 
     def __init__(self, checks: bool = True):
         self.checks = checks
@@ -43,10 +56,13 @@ class NoLaunch(gpu.Launcher):
     def max_active_blocks(self, launch, device) -> int:
         return 2
 
+    def prepare(self, launch, device):
+        if not self.checks:
+            return _no_launch
+        return runtime.Prepared(launch, LIMITS, 0, 1, 0, True, NO_DRIVER)
+
     def __call__(self, launch, device) -> None:
-        if self.checks:
-            runtime.validate(launch, LIMITS)
-            runtime.pack_args(launch)
+        self.prepare(launch.planned or launch, device)(launch.tensors, launch.outputs, launch.inputs)
 
 
 def main(argv: list[str] | None = None) -> None:

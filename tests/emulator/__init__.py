@@ -3,6 +3,7 @@ planning code as the GPU path (conv1d_silu.gpu), so kernel logic is tested in CI
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -15,7 +16,7 @@ import torch
 
 from conv1d_silu import kernels
 from conv1d_silu.gpu import Launcher
-from conv1d_silu.runtime import DeviceLimits, Launch, pack_args, validate
+from conv1d_silu.runtime import DeviceLimits, Driver, Launch, Prepared
 
 HERE = Path(__file__).resolve().parent
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -79,8 +80,42 @@ def _library(source: str, kernel: str) -> ctypes.CDLL:
     return lib
 
 
+def _run(lib: ctypes.CDLL, kernel: str, grid: int, block: int, smem: int, params: int) -> None:
+    if lib.emu_launch(grid, block, smem, params) != 0:
+        raise RuntimeError(f"emulator: {kernel}: a __syncthreads() was skipped by exited threads")
+
+
+class _Handle:
+    """What the emulator's driver takes for a kernel's CUfunction: its library, and its name."""
+
+    def __init__(self, launch: Launch):
+        self.lib, self.kernel = _library(launch.source, launch.kernel), launch.kernel
+
+
+def _launch_kernel(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+    assert (gy, gz, by, bz, extra) == (1, 1, 1, 1, 0)
+    _run(handle.lib, handle.kernel, gx, bx, smem, params)
+
+
+def _launch_kernel_ex(config_ref, handle, params, extra):
+    """cuLaunchKernelEx: the geometry from the configuration the prepared launch filled in, which
+    must carry the programmatic-serialization attribute."""
+    cfg = config_ref._obj
+    assert cfg.num_attrs == 1 and cfg.attrs[0].id == 6 and cfg.attrs[0].value[0] == 1 and extra is None
+    assert tuple(cfg.grid)[1:] == (1, 1) and tuple(cfg.block)[1:] == (1, 1)
+    PROGRAMMATIC.append(handle.kernel)
+    _run(handle.lib, handle.kernel, cfg.grid[0], cfg.block[0], cfg.smem, params)
+    return 0
+
+
+PROGRAMMATIC: list[str] = []  # the kernels launched through cuLaunchKernelEx, in order
+EMULATED = Driver(lambda: 0, lambda index: 0, _launch_kernel, _launch_kernel_ex, lambda index: contextlib.nullcontext())
+
+
 class EmulatorLauncher(Launcher):
-    """Runs launches on the CPU; records them for the tests that look at geometry."""
+    """Runs launches on the CPU through the GPU path's prepared launches (:class:`Prepared`, with
+    the emulator as the driver: a programmatic launch's cuLaunchKernelEx configuration included);
+    records them for the tests that look at geometry."""
 
     def __init__(self, per_sm: int = 2):
         self.per_sm = per_sm
@@ -92,11 +127,14 @@ class EmulatorLauncher(Launcher):
     def max_active_blocks(self, launch: Launch, device: torch.device) -> int:
         return self.per_sm
 
+    def prepare(self, launch: Launch, device: torch.device):
+        prepared = Prepared(launch, LIMITS, 0, _Handle(launch), 0, True, EMULATED)
+
+        def run(tensors, outputs=(), inputs=()):
+            self.launches.append(launch.bind(tensors, outputs, inputs))
+            prepared(tensors, outputs, inputs)
+
+        return run
+
     def __call__(self, launch: Launch, device: torch.device) -> None:
-        validate(launch, LIMITS)
-        self.launches.append(launch)
-        lib = _library(launch.source, launch.kernel)
-        params = pack_args(launch)  # the GPU path's slots and the pointers to them
-        rc = lib.emu_launch(launch.grid[0], launch.block, launch.smem, params.pointers_addr)
-        if rc != 0:
-            raise RuntimeError(f"emulator: {launch.kernel}: a __syncthreads() was skipped by exited threads")
+        self.prepare(launch.planned or launch, device)(launch.tensors, launch.outputs, launch.inputs)
