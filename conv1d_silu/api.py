@@ -89,7 +89,9 @@ def _eager(
             return_final_states, grad_dtype, activation, program,
         )
         main_grad = weight_main_grad is not None
-        route = ops.route(x, w2, bias is not None, doc, grad_dtype, main_grad, forced or ops.ROUTED)
+        route = ops.route(
+            x, w2, bias, doc, grad_dtype, main_grad, forced or ops.ROUTED, silu, plain and not return_final_states
+        )
         call = autograd.Call(doc, return_final_states, silu, grad_dtype, route)
         if key is not None:
             ops.remember(key, call._replace(doc=None) if doc.table is not None else call)

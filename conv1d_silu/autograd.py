@@ -40,6 +40,11 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: Call, x, weight, bias, initial_states=None, weight_main_grad=None, bias_main_grad=None):
+        plain = call.route.plain  # the common call, one layer above its launches (gpu.Plain)
+        if plain is not None:
+            ctx.save_for_backward(x, weight, bias)
+            ctx.call = call
+            return plain.forward(x, weight, bias)
         y, final = ops.forward_impl(
             x, weight, bias, call.doc, initial_states, call.return_final_states, call.silu, None, call.route
         )
@@ -49,8 +54,12 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dfinal=None):
-        x, weight, bias, initial_states = ctx.saved_tensors
         call = ctx.call
+        plain = call.route.plain
+        if plain is not None:
+            x, weight, bias = ctx.saved_tensors
+            return None, *plain.backward(dy, x, weight, bias)
+        x, weight, bias, initial_states = ctx.saved_tensors
         wmg, bmg = ctx.main_grads
         dx, dw, db, dinit = ops.backward_impl(
             dy, x, weight, bias, call.doc, initial_states, dfinal if call.return_final_states else None,

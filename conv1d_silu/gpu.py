@@ -19,6 +19,7 @@ from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .routes import LANES, Program, tile_vectors
 from .runtime import Args, Launch, current_stream_ptr, device_index
+from .validation import row_stride
 
 SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
 FAN = 8  # children per node of the canonical tree
@@ -627,6 +628,73 @@ def _backward_launches(
     if plan.fold is not None:
         fold = fold_launch(x.dtype, grad_dtype, K, C, has_bias, plan.fold.n_nodes, plan.fold.levels, accumulate)
     return launch, fold, (plan.ws_elems, accumulator_dtype(x.dtype), plan.n_tickets)
+
+
+class Plain:
+    """The common eager call of one signature, forward and backward with one layer below the
+    Function: channel-last x read in place by CUDA-routed programs (or their emulator), no document
+    table, initial or final states or main_grad buffers, contiguous weight and bias with gradients in
+    their dtype, at least one token. Everything but the data pointers is fixed by the signature, so a
+    call allocates its outputs, looks its prepared launches up by the pointers' alignment class (and
+    dy's row stride) and calls them; a class not seen yet goes through :func:`forward` /
+    :func:`backward`, which plan and keep it. The layers this skips (ops.forward_impl /
+    backward_impl, the general wrappers' argument handling) cost 4-8 % of an eager forward + backward's
+    host time."""
+
+    __slots__ = (
+        "fwd", "bwd", "x_stride", "doc", "silu", "grad_dtype", "launcher", "fwd_plans", "bwd_plans", "like_x",
+    )
+
+    def __init__(self, fwd: Program, bwd: Program, x: torch.Tensor, x_stride: int, doc: DocTable, silu: bool,
+                 grad_dtype: torch.dtype, launcher: Launcher, fwd_plans: dict, bwd_plans: dict):
+        self.fwd, self.bwd, self.x_stride, self.doc, self.silu = fwd, bwd, x_stride, doc, silu
+        self.grad_dtype, self.launcher, self.fwd_plans, self.bwd_plans = grad_dtype, launcher, fwd_plans, bwd_plans
+        # fresh_like of the signature's x: empty_like itself where x is contiguous (a call less)
+        self.like_x = torch.empty_like if x.is_contiguous() else fresh_like
+
+    @staticmethod
+    def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, doc: DocTable,
+                grad_dtype: torch.dtype, fwd: Program, bwd: Program, x_stride: int | None) -> bool:
+        """Whether a call of this signature (no states, no main_grad: the caller's part) is plain."""
+        return (
+            x_stride is not None and doc.table is None and doc.S > 0 and fwd.cuda and bwd.cuda
+            and fwd.layout == bwd.layout == "BLC" and weight.is_contiguous() and grad_dtype == weight.dtype
+            and (bias is None or bias.is_contiguous() and bias.dtype == grad_dtype)
+        )
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        p = x.data_ptr() | 16  # alignment(x): no states
+        prepared = self.fwd_plans.get(p & -p)
+        if prepared is None:
+            return forward(
+                x, weight, bias, self.doc, None, False, self.silu, self.fwd, self.x_stride, self.launcher,
+                self.fwd_plans,
+            )[0]
+        y = self.like_x(x)
+        prepared((x, weight, bias, None, None, y, None))  # y is fresh: no overlap to check
+        return y
+
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        """dx, dweight, dbias."""
+        dy_rs = row_stride(dy, repeated=True)
+        if dy_rs is None:  # the expanded scalar of y.sum() (channel stride 0): the kernels read rows as vectors
+            dy, dy_rs = dy.contiguous(), dy.shape[-1]
+        p = x.data_ptr() | dy.data_ptr() | 16  # alignment(x, dy): no states, no trailing tokens
+        prepared = self.bwd_plans.get((dy_rs, p & -p, 0))
+        if prepared is None:
+            return backward(
+                dy, dy_rs, x, self.x_stride, weight, bias, self.doc, None, self.silu, self.grad_dtype, self.bwd,
+                launcher=self.launcher, plans=self.bwd_plans,
+            )[:3]
+        launch, fold, scratch = prepared
+        dx, dw = self.like_x(x), torch.empty_like(weight)
+        db = None if bias is None else torch.empty_like(bias)
+        workspace, tickets = backward_scratch(*scratch, x.device)
+        # every output is fresh: no overlap to check
+        launch((x, dy, weight, bias, None, None, dx, None, dw, db, workspace, tickets, None, None))
+        if fold is not None:
+            fold((workspace, dw, db))
+        return dx, dw, db
 
 
 UPDATE_BLOCK = 128  # threads per CTA of the decoding step: one (batch row, channel) each

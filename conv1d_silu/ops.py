@@ -113,14 +113,15 @@ class Route:
     """The programs of one call signature (shapes, strides, dtypes, flags, device, program), x's row
     stride (None: x is channel-first), and the launches planned for them, filled in by the first call
     of each alignment class of the data pointers (and, backward, each row stride of dy); see
-    gpu.forward."""
+    gpu.forward; ``plain``: the signature's calls as :class:`gpu.Plain`, where they are."""
 
-    __slots__ = ("fwd", "bwd", "x_stride", "fwd_plans", "bwd_plans")
+    __slots__ = ("fwd", "bwd", "x_stride", "fwd_plans", "bwd_plans", "plain")
 
     def __init__(self, fwd: routes.Program | None, bwd: routes.Program | None, x_stride: int):
         self.fwd, self.bwd, self.x_stride = fwd, bwd, x_stride
         self.fwd_plans: dict = {}
         self.bwd_plans: dict = {}
+        self.plain: gpu.Plain | None = None
 
 
 def _fp32_grads(grad_dtype: torch.dtype, weight: Tensor, main_grad: bool) -> bool:
@@ -129,13 +130,18 @@ def _fp32_grads(grad_dtype: torch.dtype, weight: Tensor, main_grad: bool) -> boo
 
 
 def route(
-    x: Tensor, weight: Tensor, has_bias: bool, doc: DocTable, grad_dtype: torch.dtype, main_grad: bool,
-    program: str | None,
+    x: Tensor, weight: Tensor, bias: Tensor | None, doc: DocTable, grad_dtype: torch.dtype, main_grad: bool,
+    program: str | None, silu: bool = True, plain: bool = False,
 ) -> Route:
-    """Both directions' programs for a call (``program``: see :func:`choose`)."""
+    """Both directions' programs for a call (``program``: see :func:`choose`); ``plain``: the call
+    has no states and no main_grad buffers, so it may take :class:`gpu.Plain`."""
+    has_bias = bias is not None
     fwd = choose("fwd", x, weight, has_bias, doc, False, program)
     bwd = choose("bwd", x, weight, has_bias, doc, _fp32_grads(grad_dtype, weight, main_grad), program)
-    return Route(fwd, bwd, row_stride(x))
+    r = Route(fwd, bwd, row_stride(x))
+    if plain and gpu.Plain.applies(x, weight, bias, doc, grad_dtype, fwd, bwd, r.x_stride):
+        r.plain = gpu.Plain(fwd, bwd, x, r.x_stride, doc, silu, grad_dtype, _launcher, r.fwd_plans, r.bwd_plans)
+    return r
 
 
 def like_x(x: Tensor) -> Tensor:

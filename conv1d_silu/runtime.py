@@ -354,11 +354,11 @@ class _ThreadParams:
     the addresses by each call), the pointer to it that the driver takes, and for a programmatic
     launch its ``cuLaunchKernelEx`` configuration (geometry written once, the stream by each call)."""
 
-    __slots__ = ("params", "pointers", "config", "config_ref", "attr")
+    __slots__ = ("params", "slots", "pointers", "config", "config_ref", "attr")
 
     def __init__(self, prepared: Prepared):
         self.params = Params(prepared.launch.args._values)
-        self.pointers = self.params.pointers_addr
+        self.slots, self.pointers = self.params.slots, self.params.pointers_addr
         self.config = self.config_ref = self.attr = None
         if prepared.programmatic:
             self.attr = _LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
@@ -400,24 +400,22 @@ class Prepared:
         self._geometry = (*launch.grid, launch.block, 1, 1, launch.smem)
         self._local = threading.local()  # .t: this thread's _ThreadParams (freed with the thread)
 
-    def __call__(self, tensors: tuple, outputs: tuple = (), inputs: tuple = ()) -> None:
+    def __call__(self, tensors: tuple, outputs: tuple = (), inputs: tuple = (), entered: bool = False) -> None:
         if outputs:
             check_overlap(self.launch.kernel, outputs, inputs)
         try:
             t = self._local.t
         except AttributeError:
             t = self._local.t = _ThreadParams(self)
-        slots = t.params.slots
+        slots = t.slots
         for slot, i in self._slots:
             slots[slot] = tensors[i].data_ptr()
         driver = self.driver
-        if driver.ctx_get_current() == self.context:
-            self._submit(driver, t)
-        else:  # the context CuPy loaded the kernel in, entered (torch's device guard makes it current)
+        if driver.ctx_get_current() != self.context and not entered:
+            # the context CuPy loaded the kernel in, entered (torch's device guard makes it current);
+            # the submission is inline below, not a function of its own: a call per launch
             with driver.enter(self.index):
-                self._submit(driver, t)
-
-    def _submit(self, driver: Driver, t: _ThreadParams) -> None:
+                return self(tensors, entered=True)
         stream = driver.stream(self.index)
         if self.programmatic and config.programmatic_launches():
             t.config.stream = stream

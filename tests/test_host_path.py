@@ -149,10 +149,10 @@ def test_a_gradient_repeated_over_the_tokens_is_read_in_place(kernel_backend, mo
 
 
 # Python calls in the package per eager forward + backward at a repeated signature, on the no-op
-# launcher (validation and packing included, no kernel): 39 at this writing, 40 % of a call that
-# checks, routes and plans afresh. A regression of the cache, or new layers on the hot path, pass
-# this bound.
-MAX_PACKAGE_CALLS = 45
+# launcher (its prepared launches called as on a GPU, the driver stood in): 14 at this writing (the
+# plain path, gpu.Plain), under 15 % of a call that checks, routes and plans afresh. A regression of
+# the cache, or new layers on the hot path, pass this bound.
+MAX_PACKAGE_CALLS = 18
 
 
 def _package_calls(step) -> list[str]:
@@ -251,3 +251,75 @@ def test_the_function_defines_no_setup_context():
     from conv1d_silu.autograd import CausalConv1dSiLUFunction
 
     assert CausalConv1dSiLUFunction.setup_context is torch.autograd.Function.setup_context
+
+
+def _route_of_last_call():
+    return next(reversed(ops.EAGER_CALLS.values())).route
+
+
+PLAIN_CASES = ["dense", "row_stride", "conv_weight", "no_bias", "bf16", "offset", "repeated_dy"]
+
+
+@pytest.mark.parametrize("case", PLAIN_CASES)
+def test_the_plain_path_gives_the_general_paths_bits(kernel_backend, case, monkeypatch):
+    """gpu.Plain (the common call one layer above its launches) against ops.forward_impl /
+    backward_impl for the same calls: the same outputs and gradients, bit for bit, first call of an
+    alignment class and repeated calls alike."""
+    dtype = torch.bfloat16 if case == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(5)
+    S, C, K = 70, 24, 4
+    base = torch.randn(S, C + 8, generator=g).to(dtype)
+    if case == "row_stride":
+        x0 = base[:, :C]  # a slice of a wider projection: row stride C + 8
+    elif case == "offset":
+        x0 = base.flatten()[1 : 1 + S * C].view(S, C)  # 4-byte aligned: a narrower vector class
+    else:
+        x0 = base[:, :C].contiguous()
+    w0 = torch.randn(C, 1, K, generator=g).to(dtype) if case == "conv_weight" else torch.randn(C, K, generator=g).to(dtype)
+    b0 = None if case == "no_bias" else torch.randn(C, generator=g).to(dtype)
+    dy = torch.randn(C, generator=g).to(dtype).expand(S, C) if case == "repeated_dy" else None
+    x0, w0 = x0.to(kernel_backend.device), w0.to(kernel_backend.device)
+    b0 = None if b0 is None else b0.to(kernel_backend.device)
+
+    def run():
+        outs = []
+        for _ in range(2):  # the first call plans, the second looks up
+            x, w = x0.detach().requires_grad_(), w0.detach().requires_grad_()
+            b = None if b0 is None else b0.detach().requires_grad_()
+            y = causal_conv1d_silu(x, w, b)
+            y.backward(dy.to(y.device) if dy is not None else torch.ones_like(y))
+            outs.append([y.detach(), x.grad, w.grad, None if b is None else b.grad])
+        return outs, _route_of_last_call()
+
+    ops.EAGER_CALLS.clear()
+    plain, route = run()
+    assert route.plain is not None
+    monkeypatch.setattr(gpu.Plain, "applies", staticmethod(lambda *args: False))
+    ops.EAGER_CALLS.clear()
+    general, route = run()
+    assert route.plain is None
+    for got, want in zip(plain, general):
+        for a, c in zip(got, want):
+            assert (a is None and c is None) or torch.equal(a, c)
+
+
+def test_the_plain_path_is_taken_only_for_plain_calls(kernel_backend):
+    """States, document tables, main_grad buffers, a strided weight and channel-first x keep the
+    general path; so does a call routed to the reference."""
+    dev = kernel_backend.device
+    x = torch.randn(40, 16, device=dev)
+    w, b = torch.randn(16, 4, device=dev), torch.randn(16, device=dev)
+
+    def plain(**kw):
+        ops.EAGER_CALLS.clear()
+        causal_conv1d_silu(kw.pop("x", x), kw.pop("w", w), kw.pop("b", b), **kw)
+        return _route_of_last_call().plain is not None
+
+    assert plain() and plain(b=None) and plain(x=x.view(2, 20, 16))
+    assert not plain(return_final_states=True)
+    assert not plain(initial_states=torch.zeros(1, 3, 16, device=dev))
+    assert not plain(seq_idx=torch.zeros(40, dtype=torch.int32, device=dev))
+    assert not plain(weight_main_grad=torch.zeros(16, 4, device=dev), bias_main_grad=torch.zeros(16, device=dev))
+    assert not plain(w=w.t().contiguous().t())
+    assert not plain(x=x.view(2, 20, 16).transpose(1, 2).contiguous().transpose(1, 2))
+    assert not plain(program="reference")
