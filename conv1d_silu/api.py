@@ -67,7 +67,8 @@ def _eager(
     (each tensor's type, dtype, shape, strides and device; the other arguments; the forced program)
     and looked up after. A document table's values are read by every call: its table is built and
     checked per call."""
-    forced = program or config.forced_program()  # CONV1D_SILU_PROGRAM is read once per call
+    # CONV1D_SILU_PROGRAM is read once per call (config.forced_program, less a call of its own)
+    forced = program or config.getenv("CONV1D_SILU_PROGRAM") or None
     plain = (  # the common call, told by `is` (== would compare tensors)
         seq_idx is None and cu_seqlens is None and initial_states is None and weight_main_grad is None
         and bias_main_grad is None
@@ -76,7 +77,8 @@ def _eager(
     try:
         key = (
             type(x), x.dtype, x.shape, x.stride(), x.device,
-            type(weight), weight.dtype, weight.shape, weight.stride(), weight.device, _meta(bias),
+            type(weight), weight.dtype, weight.shape, weight.stride(), weight.device,
+            None if bias is None else (type(bias), bias.dtype, bias.shape, bias.stride(), bias.device),  # _meta
             optional and tuple(map(_meta, optional)),
             return_final_states, type(return_final_states), grad_dtype, activation, program, forced,
         )
