@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import ops
+from . import gpu, ops
 from .documents import DocTable
+from .validation import row_stride
 
 
 class Call(NamedTuple):
@@ -40,11 +41,6 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: Call, x, weight, bias, initial_states=None, weight_main_grad=None, bias_main_grad=None):
-        plain = call.route.plain  # the common call, one layer above its launches (gpu.Plain)
-        if plain is not None:
-            ctx.save_for_backward(x, weight, bias)
-            ctx.call = call
-            return plain.forward(x, weight, bias)
         y, final = ops.forward_impl(
             x, weight, bias, call.doc, initial_states, call.return_final_states, call.silu, None, call.route
         )
@@ -54,12 +50,8 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dfinal=None):
-        call = ctx.call
-        plain = call.route.plain
-        if plain is not None:
-            x, weight, bias = ctx.saved_tensors
-            return None, *plain.backward(dy, x, weight, bias)
         x, weight, bias, initial_states = ctx.saved_tensors
+        call = ctx.call
         wmg, bmg = ctx.main_grads
         dx, dw, db, dinit = ops.backward_impl(
             dy, x, weight, bias, call.doc, initial_states, dfinal if call.return_final_states else None,
@@ -71,20 +63,72 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         return None, dx, dw, db, dinit, None, None
 
 
+class PlainFunction(torch.autograd.Function):
+    """Eager autograd of the common call (:class:`gpu.Plain`: channel-last x, CUDA-routed, no
+    states, tables or main_grad buffers), the Function directly above its prepared launches: it
+    allocates the outputs, looks the launches up by the data pointers' alignment class (and dy's row
+    stride) and calls them with the tensors in their structs' order (``gpu.FWD_TENSORS``,
+    ``gpu.BWD_TENSORS``); a class not seen yet is planned by ``gpu.Plain``. Each layer between the
+    Function and the launches cost ~1 µs of an eager forward + backward's 80-100 (2-3 % for these two)."""
+
+    @staticmethod
+    def forward(ctx, plain: gpu.Plain, x, weight, bias):
+        ctx.save_for_backward(x, weight, bias)
+        ctx.plain = plain
+        p = x.data_ptr() | 16  # gpu.alignment(x): no states
+        prepared = plain.fwd_plans.get(p & -p)
+        if prepared is None:
+            return plain.first_forward(x, weight, bias)
+        y = plain.like_x(x)
+        prepared((x, weight, bias, None, None, y, None))  # y is fresh: no overlap to check
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias = ctx.saved_tensors
+        plain = ctx.plain
+        if dy.is_contiguous():
+            dy_rs = dy.shape[-1]
+        else:  # the expanded scalar of y.sum() (channel stride 0) is copied: the kernels read rows as vectors
+            dy_rs = row_stride(dy, repeated=True)
+            if dy_rs is None:
+                dy, dy_rs = dy.contiguous(), dy.shape[-1]
+        p = x.data_ptr() | dy.data_ptr() | 16  # gpu.alignment(x, dy): no states, no trailing tokens
+        prepared = plain.bwd_plans.get((dy_rs, p & -p, 0))
+        if prepared is None:
+            return None, *plain.first_backward(dy, dy_rs, x, weight, bias)
+        launch, fold, scratch = prepared
+        dx, dw = plain.like_x(x), torch.empty_like(weight)
+        db = None if bias is None else torch.empty_like(bias)
+        workspace, tickets = gpu.backward_scratch(*scratch, x.device)
+        # every output is fresh: no overlap to check
+        launch((x, dy, weight, bias, None, None, dx, None, dw, db, workspace, tickets, None, None))
+        if fold is not None:
+            fold((workspace, dw, db))
+        return None, dx, dw, db
+
+
 _function_apply = super(torch.autograd.Function, CausalConv1dSiLUFunction).apply  # the C++ apply
+_plain_apply = super(torch.autograd.Function, PlainFunction).apply
 _functorch_active = torch._C._are_functorch_transforms_active
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def apply(call: Call, x, weight, bias, *optional):
-    """``CausalConv1dSiLUFunction.apply``, less its Python wrapper (1.5 µs of a 5.5 µs apply on a fast
-    host): outside functorch's transforms that wrapper only unwraps dead functorch wrappers (tensors
-    leaked out of a finished transform) and calls the C++ apply, as done here; inside one it is taken."""
+    """``CausalConv1dSiLUFunction.apply`` (``PlainFunction.apply`` where the call is plain), less its
+    Python wrapper (1.5 µs of a 5.5 µs apply on a fast host): outside functorch's transforms that
+    wrapper only unwraps dead functorch wrappers (tensors leaked out of a finished transform) and
+    calls the C++ apply, as done here; inside one it is taken."""
+    plain = call.route.plain
     if _functorch_active():
+        if plain is not None:
+            return PlainFunction.apply(plain, x, weight, bias)
         return CausalConv1dSiLUFunction.apply(call, x, weight, bias, *optional)
     x, weight = _unwrap_if_dead(x), _unwrap_if_dead(weight)
     if bias is not None:
         bias = _unwrap_if_dead(bias)
+    if plain is not None:  # no optional tensors
+        return _plain_apply(plain, x, weight, bias)
     if optional:
         optional = [t if t is None else _unwrap_if_dead(t) for t in optional]
     return _function_apply(call, x, weight, bias, *optional)

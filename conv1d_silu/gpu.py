@@ -19,7 +19,6 @@ from .documents import DocTable
 from .dtypes import accumulator_dtype
 from .routes import LANES, Program, tile_vectors
 from .runtime import Args, Launch, current_stream_ptr, device_index
-from .validation import row_stride
 
 SLAB = 32  # tokens per slab of the canonical reduction (kernels/common.cuh)
 FAN = 8  # children per node of the canonical tree
@@ -631,15 +630,14 @@ def _backward_launches(
 
 
 class Plain:
-    """The common eager call of one signature, forward and backward with one layer below the
-    Function: channel-last x read in place by CUDA-routed programs (or their emulator), no document
-    table, initial or final states or main_grad buffers, contiguous weight and bias with gradients in
-    their dtype, at least one token. Everything but the data pointers is fixed by the signature, so a
-    call allocates its outputs, looks its prepared launches up by the pointers' alignment class (and
-    dy's row stride) and calls them; a class not seen yet goes through :func:`forward` /
-    :func:`backward`, which plan and keep it. The layers this skips (ops.forward_impl /
-    backward_impl, the general wrappers' argument handling) cost 4-8 % of an eager forward + backward's
-    host time."""
+    """The common eager call of one signature: channel-last x read in place by CUDA-routed programs
+    (or their emulator), no document table, initial or final states or main_grad buffers, contiguous
+    weight and bias with gradients in their dtype, at least one token. Everything but the data
+    pointers is fixed by the signature, so ``autograd.PlainFunction`` allocates the outputs, looks the
+    prepared launches up by the pointers' alignment class and calls them, one layer above them; an
+    alignment class not seen yet goes through :func:`forward` / :func:`backward`, which plan it into
+    the same tables. The layers this skips (ops.forward_impl / backward_impl, the general wrappers'
+    argument handling) cost 4-8 % of an eager forward + backward's host time."""
 
     __slots__ = (
         "fwd", "bwd", "x_stride", "doc", "silu", "grad_dtype", "launcher", "fwd_plans", "bwd_plans", "like_x",
@@ -662,38 +660,20 @@ class Plain:
             and (bias is None or bias.is_contiguous() and bias.dtype == grad_dtype)
         )
 
-    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        p = x.data_ptr() | 16  # alignment(x): no states
-        prepared = self.fwd_plans.get(p & -p)
-        if prepared is None:
-            return forward(
-                x, weight, bias, self.doc, None, False, self.silu, self.fwd, self.x_stride, self.launcher,
-                self.fwd_plans,
-            )[0]
-        y = self.like_x(x)
-        prepared((x, weight, bias, None, None, y, None))  # y is fresh: no overlap to check
+    def first_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """y of a call whose alignment class is not planned yet (planned and kept here)."""
+        y, _ = forward(
+            x, weight, bias, self.doc, None, False, self.silu, self.fwd, self.x_stride, self.launcher, self.fwd_plans
+        )
         return y
 
-    def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        """dx, dweight, dbias."""
-        dy_rs = row_stride(dy, repeated=True)
-        if dy_rs is None:  # the expanded scalar of y.sum() (channel stride 0): the kernels read rows as vectors
-            dy, dy_rs = dy.contiguous(), dy.shape[-1]
-        p = x.data_ptr() | dy.data_ptr() | 16  # alignment(x, dy): no states, no trailing tokens
-        prepared = self.bwd_plans.get((dy_rs, p & -p, 0))
-        if prepared is None:
-            return backward(
-                dy, dy_rs, x, self.x_stride, weight, bias, self.doc, None, self.silu, self.grad_dtype, self.bwd,
-                launcher=self.launcher, plans=self.bwd_plans,
-            )[:3]
-        launch, fold, scratch = prepared
-        dx, dw = self.like_x(x), torch.empty_like(weight)
-        db = None if bias is None else torch.empty_like(bias)
-        workspace, tickets = backward_scratch(*scratch, x.device)
-        # every output is fresh: no overlap to check
-        launch((x, dy, weight, bias, None, None, dx, None, dw, db, workspace, tickets, None, None))
-        if fold is not None:
-            fold((workspace, dw, db))
+    def first_backward(self, dy: torch.Tensor, dy_stride: int, x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """dx, dweight and dbias of a call whose (dy row stride, alignment class) is not planned yet."""
+        dx, dw, db, _ = backward(
+            dy, dy_stride, x, self.x_stride, weight, bias, self.doc, None, self.silu, self.grad_dtype, self.bwd,
+            launcher=self.launcher, plans=self.bwd_plans,
+        )
         return dx, dw, db
 
 

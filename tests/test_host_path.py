@@ -186,11 +186,14 @@ def test_the_eager_host_path_makes_few_python_calls():
     assert len(first) > 2 * len(repeated)  # the first call of a signature checks, routes and plans
 
 
-def test_the_function_is_applied_as_function_apply_does():
+def test_the_function_is_applied_as_function_apply_does(backend):
     """The eager path calls the Function's C++ apply itself: inside a functorch transform it still
     goes through ``Function.apply`` (and its refusal), and a dead functorch wrapper (a tensor leaked
-    out of a finished transform) is unwrapped first, as ``Function.apply`` does."""
-    x, w = torch.randn(40, 8), torch.randn(8, 4)
+    out of a finished transform) is unwrapped first, as ``Function.apply`` does; the plain call's
+    Function (the kernels) and the general one (the reference on the CPU) alike."""
+    x, w = torch.randn(40, 8, device=backend.device), torch.randn(8, 4, device=backend.device)
+    causal_conv1d_silu(x, w)
+    assert (_route_of_last_call().plain is not None) == backend.kernels
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda t: causal_conv1d_silu(t, w).sum())(x)
     leaked = []
@@ -245,12 +248,13 @@ def test_handed_views_stay_bounded_and_current(monkeypatch):
     assert not gpu._handed
 
 
-def test_the_function_defines_no_setup_context():
-    """autograd.apply calls the Function's C++ apply, skipping Function.apply's binding of default
+def test_the_functions_define_no_setup_context():
+    """autograd.apply calls the Functions' C++ apply, skipping Function.apply's binding of default
     arguments, which only a Function with its own setup_context needs."""
-    from conv1d_silu.autograd import CausalConv1dSiLUFunction
+    from conv1d_silu.autograd import CausalConv1dSiLUFunction, PlainFunction
 
     assert CausalConv1dSiLUFunction.setup_context is torch.autograd.Function.setup_context
+    assert PlainFunction.setup_context is torch.autograd.Function.setup_context
 
 
 def _route_of_last_call():
