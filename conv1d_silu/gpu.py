@@ -1,5 +1,6 @@
 """Allocating wrappers of the CUDA kernels: choose the instantiation and geometry, allocate the
-outputs and workspaces from torch's allocator, and hand a :class:`runtime.Launch` to a launcher.
+outputs and workspaces from torch's allocator, and call the launcher's prepared form of each planned
+:class:`runtime.Launch` with the call's tensors (:meth:`Launcher.prepare`).
 
 The launcher is the CuPy runtime on GPUs; the kernel tests pass the CPU emulator instead, so the
 same planning code is exercised without a GPU.
