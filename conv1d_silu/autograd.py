@@ -58,8 +58,22 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         )
         if wmg is not None:  # the weight gradients went into the main_grad buffers
             dw = db = None
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise, not come out as zero
+            dx, dw, db, dinit = not_differentiable(dx, dw, db, dinit)
         # autograd drops the trailing Nones of a call without the optional tensors
         return None, dx, dw, db, dinit, None, None
+
+
+def not_differentiable(*grads):
+    """``grads`` behind an autograd node that raises when differentiated. ``once_differentiable``
+    adds one only where the incoming gradient requires grad; the gradient of ``y.sum()`` does not,
+    yet the gradients depend on x and the weight, so a gradient penalty would silently get zero."""
+    err = torch._C._functions.DelayedError(
+        b"conv1d_silu: the backward is not differentiable (a gradient taken with create_graph=True "
+        b"cannot be differentiated again)",
+        len(grads),
+    )
+    return err(*(None if g is None else g.detach().requires_grad_() for g in grads))
 
 
 def _setup_context(ctx, inputs, output):
