@@ -59,8 +59,22 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         )
         if wmg is not None:  # the weight gradients went into the main_grad buffers
             dw = db = None
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise, not come out as zero
+            dx, dw, db, dinit = not_differentiable(dx, dw, db, dinit)
         # autograd drops the trailing Nones of a call without the optional tensors
         return None, dx, dw, db, dinit, None, None
+
+
+def not_differentiable(*grads):
+    """``grads`` behind an autograd node that raises when differentiated. ``once_differentiable``
+    adds one only where the incoming gradient requires grad; the gradient of ``y.sum()`` does not,
+    yet the gradients depend on x and the weight, so a gradient penalty would silently get zero."""
+    err = torch._C._functions.DelayedError(
+        b"conv1d_silu: the backward is not differentiable (a gradient taken with create_graph=True "
+        b"cannot be differentiated again)",
+        len(grads),
+    )
+    return err(*(None if g is None else g.detach().requires_grad_() for g in grads))
 
 
 class PlainFunction(torch.autograd.Function):
@@ -87,6 +101,11 @@ class PlainFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias = ctx.saved_tensors
         plain = ctx.plain
+        if x.stride() != plain.x_strides:  # a saved-tensor hook handed x back with other strides
+            dx, dw, db, _ = ops.backward_impl(
+                dy, x, weight, bias, plain.doc, None, None, plain.silu, plain.grad_dtype, plain.bwd.name
+            )
+            return None, *_differentiable_or_not(dx, dw, db)
         if dy.is_contiguous():
             dy_rs = dy.shape[-1]
         else:  # the expanded scalar of y.sum() (channel stride 0) is copied: the kernels read rows as vectors
@@ -96,7 +115,7 @@ class PlainFunction(torch.autograd.Function):
         p = x.data_ptr() | dy.data_ptr() | 16  # gpu.alignment(x, dy): no states, no trailing tokens
         prepared = plain.bwd_plans.get((dy_rs, p & -p, 0))
         if prepared is None:
-            return None, *plain.first_backward(dy, dy_rs, x, weight, bias)
+            return None, *_differentiable_or_not(*plain.first_backward(dy, dy_rs, x, weight, bias))
         launch, fold, scratch = prepared
         dx, dw = plain.like_x(x), torch.empty_like(weight)
         db = None if bias is None else torch.empty_like(bias)
@@ -105,7 +124,14 @@ class PlainFunction(torch.autograd.Function):
         launch((x, dy, weight, bias, None, None, dx, None, dw, db, workspace, tickets, None, None))
         if fold is not None:
             fold((workspace, dw, db))
+        if torch.is_grad_enabled():  # create_graph=True
+            dx, dw, db = not_differentiable(dx, dw, db)
         return None, dx, dw, db
+
+
+def _differentiable_or_not(*grads):
+    """``grads``, behind :func:`not_differentiable` under create_graph=True."""
+    return not_differentiable(*grads) if torch.is_grad_enabled() else grads
 
 
 _function_apply = super(torch.autograd.Function, CausalConv1dSiLUFunction).apply  # the C++ apply

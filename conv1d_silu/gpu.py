@@ -641,12 +641,14 @@ class Plain:
     argument handling) cost 4-8 % of an eager forward + backward's host time."""
 
     __slots__ = (
-        "fwd", "bwd", "x_stride", "doc", "silu", "grad_dtype", "launcher", "fwd_plans", "bwd_plans", "like_x",
+        "fwd", "bwd", "x_stride", "x_strides", "doc", "silu", "grad_dtype", "launcher", "fwd_plans", "bwd_plans",
+        "like_x",
     )
 
     def __init__(self, fwd: Program, bwd: Program, x: torch.Tensor, x_stride: int, doc: DocTable, silu: bool,
                  grad_dtype: torch.dtype, launcher: Launcher, fwd_plans: dict, bwd_plans: dict):
         self.fwd, self.bwd, self.x_stride, self.doc, self.silu = fwd, bwd, x_stride, doc, silu
+        self.x_strides = x.stride()  # the signature's: a saved-tensor hook may hand x back with others
         self.grad_dtype, self.launcher, self.fwd_plans, self.bwd_plans = grad_dtype, launcher, fwd_plans, bwd_plans
         # fresh_like of the signature's x: empty_like itself where x is contiguous (a call less)
         self.like_x = torch.empty_like if x.is_contiguous() else fresh_like
@@ -722,5 +724,6 @@ def update(
         "conv1d_silu_update", kernel, (B * -(-C // UPDATE_BLOCK), 1, 1), UPDATE_BLOCK, 0, args, index_64=True
     )
     tensors = (x, conv_state, dense(weight), dense(bias), cache_seqlens, indices, out)
-    launcher(planned.bind(tensors, (out, conv_state), (x,)), x.device)
+    # prepared for this step alone (its plan is not kept): nothing ties the plan to what is prepared
+    launcher.prepare(planned, x.device)(tensors, (out, conv_state), (x,))
     return out

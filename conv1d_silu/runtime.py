@@ -340,9 +340,13 @@ class Driver(NamedTuple):
 def cuda_driver() -> Driver:
     """The CUDA driver: CuPy's binding, and ctypes for ``cuLaunchKernelEx`` (CuPy has none)."""
     driver = _driver()
+    try:  # only programmatic launches (sm_90+) call it; elsewhere a missing libcuda.so.1 must not matter
+        launch_ex = _launch_kernel_ex()
+    except OSError:
+        launch_ex = None
     return Driver(
         driver.ctxGetCurrent, current_stream_ptr if _raw_stream is None else _raw_stream, driver.launchKernel,
-        _launch_kernel_ex(), _cupy().cuda.Device,
+        launch_ex, _cupy().cuda.Device,
     )
 
 
@@ -431,10 +435,12 @@ def prepare(launch: Launch, device: torch.device) -> Prepared:
     """``launch`` (a planned launch) ready on ``device``'s GPU: compiled on first use, checked, its
     shared memory limit raised where needed (:class:`Prepared`)."""
     index = device_index(device)
+    limits = device_limits(index)
+    _validate_geometry(launch, limits)  # before compiling: a bad plan is refused with its reason, not a driver error
     fn = function(launch.source, launch.kernel, index)
     _prepare_smem(fn, launch.smem, index)
     return Prepared(
-        launch, device_limits(index), index, _handles[(launch.source, launch.kernel, index)], _contexts[index],
+        launch, limits, index, _handles[(launch.source, launch.kernel, index)], _contexts[index],
         programmatic_launches(index), cuda_driver(),
     )
 

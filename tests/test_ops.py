@@ -101,3 +101,41 @@ def test_gradcheck_fp32_weight_grads_are_fp32(backend):
     y = causal_conv1d_silu(case["x"], w, case["bias"], grad_dtype=torch.float32)
     y.sum().backward()
     assert w.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("states", [False, True])
+def test_saved_tensor_hooks_that_change_x_strides(kernel_backend, states):
+    """A saved-tensor hook (save_on_cpu, activation offloading) may hand x back with other strides
+    than the call's: a slice of a wider projection comes back contiguous. The backward reads the x it
+    is given, not the row stride its signature was planned for: the gradients are bitwise those of
+    the call without the hook."""
+    dev = kernel_backend.device
+    gen = torch.Generator().manual_seed(3)
+    S, C, K = 300, 24, 4
+    wide = torch.randn(S, 2 * C, generator=gen).to(dev)
+    w = torch.randn(C, K, generator=gen).to(dev)
+    b = torch.randn(C, generator=gen).to(dev)
+    init = torch.randn(1, K - 1, C, generator=gen).to(dev) if states else None
+    dy = torch.randn(S, C, generator=gen).to(dev)
+
+    def grads(hooked: bool):
+        xs = wide.clone()[:, :C].requires_grad_()  # row stride 2C
+        ww, bb = w.clone().requires_grad_(), b.clone().requires_grad_()
+        dense = lambda t: t.clone(memory_format=torch.contiguous_format)  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(dense, lambda t: t) if hooked else torch.enable_grad():
+            y = causal_conv1d_silu(xs, ww, bb, initial_states=init)
+        y.backward(dy)
+        return xs.grad, ww.grad, bb.grad
+
+    for got, want in zip(grads(True), grads(False)):
+        assert torch.equal(got, want)
+
+
+def test_a_second_derivative_raises(backend):
+    """The backward is not itself differentiable: a gradient taken with create_graph=True (a
+    gradient penalty) raises when differentiated again, rather than adding nothing."""
+    x = torch.randn(50, 8, device=backend.device, requires_grad=True)
+    w = torch.randn(8, 4, device=backend.device, requires_grad=True)
+    (g,) = torch.autograd.grad(causal_conv1d_silu(x, w).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        (g.square().sum() + w.sum()).backward()

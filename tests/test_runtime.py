@@ -543,3 +543,13 @@ def test_the_emulator_runs_the_fold_through_the_programmatic_path_unless_forced_
     monkeypatch.setenv("CONV1D_SILU_PROGRAMMATIC", "0" if env == "1" else "1")
     again = run()
     assert all(torch.equal(a, c) for a, c in zip(got[:2], again[:2]))
+
+
+def test_prepare_refuses_a_bad_geometry_before_compiling(monkeypatch):
+    """runtime.prepare checks the plan against the device's limits first: too much shared memory is
+    refused with its reason, not compiled and then rejected by the driver."""
+    monkeypatch.setattr(runtime, "device_limits", lambda index: LIMITS)
+    monkeypatch.setattr(runtime, "function", lambda *a: pytest.fail("compiled before the geometry was checked"))
+    bad = Launch("conv1d_silu_fwd", "k", (1, 1, 1), 128, LIMITS.smem_optin + 16, None)
+    with pytest.raises(ValueError, match="dynamic shared memory exceed"):
+        runtime.prepare(bad, torch.device("cuda", 0))
