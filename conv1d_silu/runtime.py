@@ -38,7 +38,7 @@ class Args:
     null for every call (0); the other fields named in ``tensors`` take a call's tensors, passed in
     the order of ``tensors`` (:meth:`packed`)."""
 
-    __slots__ = ("fields", "tensors", "ints", "_values", "_tensor_slots", "_params")
+    __slots__ = ("fields", "tensors", "ints", "_values", "_tensor_slots")
 
     def __init__(self, kernel: str, tensors: tuple[str, ...], **ints: int):
         fields = kernels.ARGS[kernel]
@@ -49,15 +49,11 @@ class Args:
         self._values = [ints.get(name, 0) for name in fields]
         # (field, position in a call's tensors) of each field that takes a call's tensor
         self._tensor_slots = tuple((fields.index(name), i) for i, name in enumerate(tensors) if name not in ints)
-        self._params = threading.local()  # .params: this struct's parameters in the calling thread
 
     def packed(self, tensors: tuple[torch.Tensor | None, ...]) -> Params:
-        """The struct with a call's ``tensors``, in this thread's parameter buffer of this struct:
-        its integer fields are written once, only the addresses per call (rewriting the whole
-        struct into one shared buffer cost a third more: 1.3 against 0.8 µs for a backward's)."""
-        params = getattr(self._params, "params", None)
-        if params is None:
-            params = self._params.params = Params(self._values)
+        """The struct with a call's ``tensors``, in a buffer of its own: what a prepared launch
+        (:class:`Prepared`) writes into its per-thread buffer, spelled out for the tests and tools."""
+        params = Params(self._values)
         slots = params.slots
         for slot, i in self._tensor_slots:
             slots[slot] = tensors[i].data_ptr()

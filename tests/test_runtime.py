@@ -284,25 +284,15 @@ def test_launch_config_structures_match_cuda_h():
 
 def test_pack_args_writes_addresses_zeros_and_ints_in_field_order():
     import ctypes
-    import threading
 
     from conv1d_silu.runtime import Args, pack_args
 
-    t, u = torch.zeros(3), torch.zeros(5)
+    t = torch.zeros(3)
     ints = dict(levels=2**40, accumulate=1, C=7, n_nodes=9)
     args = Args("conv1d_silu_fold", ("dw", "workspace", "db"), workspace=0, db=0, **ints)  # null pointers
     params = pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args=args, tensors=(t, None, None)))
     assert list(params.slots) == [0, t.data_ptr(), 0, 1, 7, 9, 2**40]
     assert ctypes.c_void_p.from_address(params.pointers_addr).value == ctypes.addressof(params.slots)
-    # the next call of the planned launch rewrites the addresses in the same buffer; another thread has its own
-    again = pack_args(launch(kernel="conv1d_silu_fold<float, float, 4, true>", args=args, tensors=(u, None, None)))
-    assert again is params and list(params.slots) == [0, u.data_ptr(), 0, 1, 7, 9, 2**40]
-    other = []
-    thread = threading.Thread(target=lambda: other.append(args.packed((t, None, None))))
-    thread.start()
-    thread.join()
-    assert other[0] is not params and list(other[0].slots) == [0, t.data_ptr(), 0, 1, 7, 9, 2**40]
-    assert list(params.slots) == [0, u.data_ptr(), 0, 1, 7, 9, 2**40]
     with pytest.raises(ValueError, match="fields"):
         Args("conv1d_silu_fold", ("dw", "workspace", "db"), **ints, extra=1)
 
