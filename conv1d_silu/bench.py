@@ -33,11 +33,14 @@ from . import causal_conv1d_silu
 
 # The default list: four token counts (250340, the reference shape's, beside 262144, a power of
 # two) at C = 264..408 in steps of 8 (all but 320 and 384 are not multiples of 64, so bf16 rows
-# start mid 128-byte line), and a million tokens at C from 64 to 4096.
+# start mid 128-byte line), a million tokens at C from 64 to 4096, and the shapes a Mamba block
+# runs per GPU in training (8k-64k tokens, C = d_inner + 2 * d_state * n_groups of 1024-5376),
+# where the backward stood furthest from add.
 TOKENS = (32768, 65536, 250340, 262144)
 RAGGED_C = tuple(range(264, 409, 8))
 LONG_S = 1048576
 WIDE_C = (64, 128, 256, 512, 1024, 2048, 4096)
+MAMBA_SHAPES = ((8192, 5376), (16384, 2560), (16384, 5376), (32768, 1024), (65536, 1280))
 CALLS = ("fwd", "bwd", "fwdbwd")
 SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the bytes a call moves
 PLAIN = ("torch_copy", "torch_add")  # the rows of those kernels: the floor ours is held to
@@ -55,7 +58,7 @@ def bcl_shapes() -> list[tuple[int, int]]:
 
 
 def default_shapes() -> list[tuple[int, int]]:
-    return [(s, c) for s in TOKENS for c in RAGGED_C] + [(LONG_S, c) for c in WIDE_C]
+    return [(s, c) for s in TOKENS for c in RAGGED_C] + [(LONG_S, c) for c in WIDE_C] + list(MAMBA_SHAPES)
 
 
 @dataclass
@@ -766,7 +769,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="A report from saved results, without a GPU: --from-json benchmarks/results/h200.json --peers "
                "benchmarks/results/h200-fla.json --markdown h200.md --plot h200.png (benchmarks/README.md).")
     p.add_argument("--shapes", type=_shape, nargs="*",
-                   help="S,C pairs (default: TOKENS x RAGGED_C and LONG_S x WIDE_C, 83 shapes; on the CPU CPU_SHAPES)")
+                   help="S,C pairs (default: TOKENS x RAGGED_C, LONG_S x WIDE_C and MAMBA_SHAPES, 88 shapes; on the CPU CPU_SHAPES)")
     p.add_argument("--part", type=_part, help="I/N: only every N-th shape from the I-th (a bench split over several runs; "
                    "join the parts' --json with --from-json)")
     p.add_argument("--program", help="force our op's program (default: routed)")

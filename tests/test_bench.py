@@ -312,10 +312,12 @@ def test_the_committed_results_load_and_plot(files, tmp_path):
     args = [a if a.startswith("--") else str(RESULTS / a) for a in files]
     result = bench.main(["--from-json", *args, "--markdown", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")])
     ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
-    assert len(ours) == 3 * len(bench.default_shapes())
-    assert {(r["S"], r["C"]) for r in ours} == set(bench.default_shapes())
+    shapes = {(r["S"], r["C"]) for r in ours}
+    assert len(ours) == 3 * len(shapes) and shapes <= set(bench.default_shapes())
+    # these results were taken before the Mamba rows joined the default list; every other row is there
+    assert set(bench.default_shapes()) - shapes <= set(bench.MAMBA_SHAPES)
     assert all(r["same_run_ratio"] for r in ours if r["call"] != "fwdbwd")
-    assert len(bench.figure(result).axes) == 2 * len({*bench.TOKENS, bench.LONG_S})
+    assert len(bench.figure(result).axes) == 2 * len({S for S, _ in shapes})
     text = (tmp_path / "r.md").read_text()
     assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
     if "--peers" in files:
