@@ -188,6 +188,8 @@ class CausalConv1dSiLU(nn.Module):
             y = ops.update(x_t.transpose(1, 2), tokens.transpose(1, 2), w, b, silu, None, None)
             return y.reshape(x.shape)
         window = tokens[:, tokens.shape[1] - (K - 1):]
+        if C > 1 and x_t.stride(-1) != 1:  # a column of a (B, C, L) tensor: the op reads channels contiguous
+            x_t = x_t.contiguous()
         # a recorded backward reads the window after the cache has moved on: give it a copy
         y = self._op(x_t, "BLC", initial_states=window.clone() if torch.is_grad_enabled() else window)
         tokens.copy_(torch.cat([tokens[:, 1:], x_t], dim=1))

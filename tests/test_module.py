@@ -314,3 +314,26 @@ def test_bcl_takes_any_strides_like_causal_conv1d():
     want = causal_conv1d_fn(x.contiguous(), m.weight[:, 0], m.bias, activation="silu")
     torch.testing.assert_close(m(x), want)
     torch.testing.assert_close(causal_conv1d_silu(x, m.weight, m.bias, layout="BCL"), want)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_step_takes_a_column_of_a_channel_first_tensor(backend, grad):
+    """With layout="BCL" a step's token is naturally x[:, :, t] of a (B, C, L) tensor: channel stride
+    L, not 1. It gives what the contiguous column gives (and the same weight gradients)."""
+    B, C, K, L = 2, 8, 4, 5
+    m = CausalConv1dSiLU(C, K, layout="BCL", device=backend.device)
+    x = torch.randn(B, C, L, device=backend.device)
+    runs = []
+    for column in (lambda t: x[:, :, t], lambda t: x[:, :, t].contiguous()):
+        m.zero_grad()
+        cache = m.new_cache(B)
+        with torch.set_grad_enabled(grad):
+            ys = torch.stack([m.step(column(t), cache) for t in range(L)], -1)
+        if grad:
+            ys.square().sum().backward()
+        runs.append((ys.detach(), cache, None if m.weight.grad is None else m.weight.grad.clone()))
+    (y0, c0, g0), (y1, c1, g1) = runs
+    assert torch.equal(y0, y1) and torch.equal(c0, c1)
+    assert (g0 is None and g1 is None) if not grad else torch.equal(g0, g1)
+    with torch.no_grad():
+        assert torch.equal(y0, m(x))
