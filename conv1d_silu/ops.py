@@ -218,10 +218,10 @@ def backward_impl(
     if route is None:
         fp32_grads = _fp32_grads(grad_dtype, weight, weight_grad_out is not None)
         route = Route(None, choose("bwd", x, weight, bias is not None, doc, fp32_grads, program), row_stride(x))
-    elif route.x_stride is not None and row_stride(x) != route.x_stride:
+    elif route.x_stride is not None and (x_stride := row_stride(x)) != route.x_stride:
         # a saved-tensor hook (save_on_cpu, offloading) can hand x back with other strides than the
         # forward's: the signature's plans read rows route.x_stride apart
-        route = Route(None, route.bwd, row_stride(x))
+        route = Route(None, route.bwd, x_stride)
     prog = route.bwd
     if prog.layout == "BCL" and trailing is not None and trailing[0].shape[0] > 0:
         raise ValueError(
