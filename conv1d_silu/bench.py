@@ -792,6 +792,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true",
                    help="the decoding step instead (causal_conv1d_update at B = 1, 64, 256; --dtype and -K apply, "
                         "C = 5120; see conv1d_silu/bench_decode.py)")
+    p.add_argument("--step", action="store_true",
+                   help="a training step's host cost instead: a Linear + CausalConv1dSiLU block eager, compiled and "
+                        "compiled with mode='reduce-overhead' (eager only without a GPU; --dtype and -K apply; see "
+                        "conv1d_silu/bench_step.py)")
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--csv")
@@ -814,16 +818,22 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
-def _decode(args) -> dict:
-    from . import bench_decode
+def _apart(args) -> dict:
+    """``--decode`` / ``--step``: a benchmark of its own (bench_decode, bench_step), reported alone."""
+    from . import bench_decode, bench_step
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    rows = bench_decode.run(device, K=args.K, dtype=dtype, **({} if device.type == "cuda" else {"calls": 50}))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    text = bench_decode.markdown(rows, name)
+    if args.decode:
+        key, mod = "decode", bench_decode
+        rows = bench_decode.run(device, K=args.K, dtype=dtype, **({} if device.type == "cuda" else {"calls": 50}))
+    else:
+        key, mod = "step", bench_step
+        rows = bench_step.run(device, K=args.K, dtype=dtype)
+    text = mod.markdown(rows, name)
     print(text)
-    result = {"decode": rows, "device": name, "commit": os.environ.get("CONV1D_SILU_COMMIT", "")}
+    result = {key: rows, "device": name, "commit": os.environ.get("CONV1D_SILU_COMMIT", "")}
     if args.json:
         write_json(result, args.json)
     if args.markdown:
@@ -834,8 +844,8 @@ def _decode(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
-    if args.decode:
-        return _decode(args)
+    if args.decode or args.step:
+        return _apart(args)
     peers = [_load(path) for path in args.peers]  # before a run: a missing file fails fast
     if args.from_json:
         result = merge_results([_load(path) for path in args.from_json])

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import DEVICES
+
 from conv1d_silu import bench
 from conv1d_silu.documents import doc_table
 from conv1d_silu.reference import forward as reference_forward
@@ -335,6 +337,24 @@ def test_decode_mode_runs_the_step_and_reports_it(tmp_path):
     out = tmp_path / "decode.json"
     result = bench.main(["--decode", "--cpu", "--json", str(out)])
     assert result["device"] == "CPU" and len(result["decode"]) == len(bench_decode.BATCHES)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_mode_times_a_training_step(device, tmp_path):
+    """--step times a Linear + CausalConv1dSiLU block's forward + backward per mode (eager only
+    without a GPU; compiled and reduce-overhead on one), each step's bits checked against eager's."""
+    from conv1d_silu import bench_step
+
+    rows = bench_step.run(torch.device(device), dtype=torch.float32, shape=(2, 32, 16), rounds=2, steps=2, warmup=3)
+    want = bench_step.MODES if device == "cuda" else ("eager",)
+    assert tuple(r["mode"] for r in rows) == want
+    assert all(r["same_bits"] and r["wall_us"] > 0 and r["cpu_us"] > 0 for r in rows)
+    assert "| eager |" in bench_step.markdown(rows, device) and "| yes |" in bench_step.markdown(rows, device)
+    if device == "cpu":
+        out = tmp_path / "step.json"
+        result = bench.main(["--step", "--cpu", "--json", str(out)])
+        assert result["device"] == "CPU" and [r["mode"] for r in result["step"]] == ["eager"]
+        assert json.loads(out.read_text())["step"][0]["C"] == bench_step.SHAPE[2]
 
 
 def test_layout_bcl_times_channel_first_calls():
