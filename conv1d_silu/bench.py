@@ -361,6 +361,11 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     plain_fns = {"copy": lambda: out.copy_(xd), "add": lambda: torch.add(xd, dy, out=out)}
     plain: dict[str, list[float]] = {}
     nbytes = {"fwd": 2 * S * C * itemsize, "bwd": 3 * S * C * itemsize, "fwdbwd": 5 * S * C * itemsize}
+    floor = None
+    if args.floor:
+        from . import bench_floor
+
+        floor = bench_floor.calls(xd, w.detach(), None if b is None else b.detach(), dy, args.program, args.program)
     for impl, fn in impls.items():
         if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
             continue
@@ -371,19 +376,25 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
             continue
         for call in args.calls:
             ref = SAME_BYTES.get(call) if impl == "conv1d_silu" else None
+            bare = []
             if ref is not None:
                 # ours and PyTorch's copy / add of the same bytes take turns within every rep, so a
-                # drift of the machine during the row reaches both sides of the ratio alike
-                plain[ref], times = timer.times([eager.prepare(plain_fns[ref]), timer.prepare(calls[call])])
+                # drift of the machine during the row reaches both sides of the ratio alike; so
+                # does the floor of our program's access pattern (--floor)
+                runs = [eager.prepare(plain_fns[ref]), timer.prepare(calls[call])]
+                if floor is not None and call in SAME_BYTES:
+                    runs.append(timer.prepare(getattr(floor, call)))
+                plain[ref], times, *bare = timer.times(runs)
             else:
                 times = timer(calls[call])
-            row = Row(S, C, call, impl, statistics.median(times), times, nbytes[call])
-            row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
-            if ref is not None:
-                row.same_run_ratio = row.median_us / statistics.median(plain[ref])
-            if impl == "conv1d_silu" and call == "bwd" and args.check_determinism:
-                row.deterministic = _bitwise_repeatable(fn, x, w, b, dy)
-            rows.append(row)
+            for name, t in [(impl, times)] + [("bare", t) for t in bare]:
+                row = Row(S, C, call, name, statistics.median(t), t, nbytes[call])
+                row.pct_copy_bw = 100 * nbytes[call] / (row.median_us * 1e-6) / bw
+                if ref is not None:
+                    row.same_run_ratio = row.median_us / statistics.median(plain[ref])
+                if name == "conv1d_silu" and call == "bwd" and args.check_determinism:
+                    row.deterministic = _bitwise_repeatable(fn, x, w, b, dy)
+                rows.append(row)
     for name in ("copy", "add"):
         times = plain[name] if name in plain else eager(plain_fns[name])
         rows.append(Row(S, C, name, "torch_" + name, statistics.median(times), times, nbytes["fwd" if name == "copy" else "bwd"]))
@@ -393,6 +404,8 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
 def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     """Measure every shape of ``args``; ``on_shape`` gets the result so far after each shape."""
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.floor and (device.type != "cuda" or args.layout != "BLC"):
+        raise ValueError("--floor: the bare launches are our channel-last kernels: a CUDA GPU and --layout BLC")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     timer = Timer(device, args.reps, args.warmup, args.graph)
     # PyTorch's own passes are single GPU-bound kernels: timed eagerly, since a captured copy_
@@ -433,7 +446,7 @@ def _speedups(rows: list[Row]) -> list[dict]:
     by_key = {(r.S, r.C, r.call, r.impl): r for r in rows}
     out = []
     for r in rows:
-        if r.impl == "conv1d_silu" or r.call not in CALLS:
+        if r.impl in ("conv1d_silu", "bare") or r.call not in CALLS:
             continue
         ours = by_key.get((r.S, r.C, r.call, "conv1d_silu"))
         if ours is None:
@@ -522,7 +535,7 @@ def add_peers(result: dict, peers: list[dict]) -> dict:
         if diff:
             raise ValueError(f"--peers: peer {i} differs from the result in {', '.join(diff)}")
         own = {(s["S"], s["C"], s["call"], s["baseline"]): s for s in peer["speedups"]}
-        added = [r for r in peer["rows"] if r["impl"] not in ("conv1d_silu", *PLAIN) and key(r) not in have]
+        added = [r for r in peer["rows"] if r["impl"] not in ("conv1d_silu", "bare", *PLAIN) and key(r) not in have]
         for r in added:
             have.add(key(r))
             rows.append({**r, "peer": len(metas)})
@@ -609,6 +622,7 @@ def _speedup_cell(s: dict) -> str:
 def markdown(result: dict) -> str:
     m = result["meta"]
     floor = _copy_or_add(result["rows"])
+    bare = {(r["S"], r["C"], r["call"]): r for r in result["rows"] if r["impl"] == "bare"}
     layout = ", x channel-first (B, C, L), S = B x L" if m.get("layout") == "BCL" else ""
     lines = [
         (f"GPU {m['gpu']}, torch {m['torch']}, commit {m['commit'][:10] or 'unknown'}, {m['dtype']} K={m['K']}{layout}, "
@@ -617,20 +631,27 @@ def markdown(result: dict) -> str:
         ("µs are medians. copy_ / add: PyTorch's pass over the same bytes (`copy_` for the forward: reads x, "
          "writes y; `add` for the backward: reads x and dy, writes dx), timed in alternation with ours within "
          "every rep; ratio: ours / that, a same-run ratio. % copy BW: the call's bytes per second against the "
-         "copy bandwidth of the same run. det: five forward + backward calls give the same bits."),
+         "copy bandwidth of the same run. det: five forward + backward calls give the same bits.")
+        + (" bare: our program's loads and stores without its math and fold (--floor), timed in the same "
+           "turns; bare ratio: it / copy_ or add." if bare else ""),
         "",
-        "| S | C | call | ours µs | copy_ / add µs | ratio | % copy BW | det |",
-        "|---|---|---|---|---|---|---|---|",
+        "| S | C | call | ours µs | copy_ / add µs | ratio | % copy BW | det |" + (" bare µs | bare ratio |" if bare else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if bare else ""),
     ]
     for r in result["rows"]:
         if r["impl"] != "conv1d_silu":
             continue
-        ref = floor.get((r["S"], r["C"], r["call"]))
+        key = (r["S"], r["C"], r["call"])
+        ref = floor.get(key)
         ref_us = f"{ref['median_us']:.1f}" if ref and r["same_run_ratio"] else ""
         ratio = f"{r['same_run_ratio']:.2f}x" if r["same_run_ratio"] else ""
         det = {True: "yes", False: "NO", None: ""}[r["deterministic"]]
-        lines.append(f"| {r['S']} | {r['C']} | {r['call']} | {r['median_us']:.1f} | {ref_us} | {ratio} | "
-                     f"{r['pct_copy_bw']:.0f} | {det} |")
+        line = (f"| {r['S']} | {r['C']} | {r['call']} | {r['median_us']:.1f} | {ref_us} | {ratio} | "
+                f"{r['pct_copy_bw']:.0f} | {det} |")
+        if bare:
+            f = bare.get(key)
+            line += f" {f['median_us']:.1f} | {f['same_run_ratio']:.2f}x |" if f else "  |  |"
+        lines.append(line)
     if result["speedups"]:
         lines += _speedup_table(result)
     if result.get("host_overhead_us"):
@@ -788,6 +809,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="force the CPU fallback")
     p.add_argument("--check-determinism", action="store_true", default=True)
     p.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
+    p.add_argument("--floor", action="store_true",
+                   help="time the floor of our programs' access pattern beside them: their launches with the "
+                        "math, slab partials and fold compiled out (bare rows; a GPU and --layout BLC; see "
+                        "conv1d_silu/bench_floor.py)")
     p.add_argument("--max-eager-elems", type=int, default=2**31, help="skip eager baselines above S*C")
     p.add_argument("--decode", action="store_true",
                    help="the decoding step instead (causal_conv1d_update at B = 1, 64, 256; --dtype and -K apply, "

@@ -287,7 +287,7 @@ def forward(
     align = alignment(x, init, final)
     prepared = None if plans is None else plans.get(align)
     if prepared is None:
-        planned = _forward_launch(
+        planned = forward_launch(
             x, weight, bias is not None, doc, init is not None, final is not None, silu, program, row_stride, align,
             launcher,
         )
@@ -310,7 +310,7 @@ def final_states_out(
     return x.new_zeros((doc.num_docs, K - 1, C))
 
 
-def _forward_launch(
+def forward_launch(
     x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, final: bool, silu: bool,
     program: Program, x_stride: int, align: int, launcher: Launcher,
 ) -> Launch:
@@ -534,7 +534,7 @@ def backward(
     key = (dy_stride, alignment(x, dy, init, next_x, next_dy), 0 if next_x is None else next_x.shape[0])
     prepared = None if plans is None else plans.get(key)
     if prepared is None:
-        launch, fold, scratch = _backward_launches(
+        launch, fold, scratch = backward_launches(
             x, weight, has_bias, doc, init is not None, silu, dw.dtype, program, x_stride, *key, accumulate, launcher
         )
         prepared = (
@@ -595,7 +595,7 @@ def fold_launch(
     return Launch("conv1d_silu_bwd", f.kernel, (f.grid, 1, 1), FOLD_COLS * FOLD_ROWS, f.smem, args, programmatic=True)
 
 
-def _backward_launches(
+def backward_launches(
     x: torch.Tensor, weight: torch.Tensor, has_bias: bool, doc: DocTable, has_init: bool, silu: bool,
     grad_dtype: torch.dtype, program: Program, x_stride: int, dy_stride: int, align: int, n_next: int,
     accumulate: bool, launcher: Launcher,

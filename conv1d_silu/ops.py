@@ -48,6 +48,11 @@ def remember(key: tuple, call: object) -> None:
     EAGER_CALLS[key] = call
 
 
+def launcher() -> gpu.Launcher:
+    """Where the kernels' launches go now (:func:`use_launcher`)."""
+    return _launcher
+
+
 @contextlib.contextmanager
 def use_launcher(launcher: gpu.Launcher, emulate_arch: str | None = None):
     """Send kernel launches to ``launcher``; with ``emulate_arch``, CPU tensors take the CUDA path

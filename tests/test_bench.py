@@ -218,6 +218,27 @@ def test_markdown_reports_ours_beside_the_same_run_floor():
     assert not any(word in "\n".join(lines).lower() for word in ("bound", "target", "item"))
 
 
+def test_markdown_puts_the_floor_of_our_pattern_beside_ours():
+    """--floor's bare rows: their µs and their same-run ratio to copy_ / add beside ours, in the same
+    line; no speedup against ours (the floor is ours too)."""
+
+    def row(call, impl, us, ratio=None):
+        return {"S": 65536, "C": 384, "call": call, "impl": impl, "median_us": us, "same_run_ratio": ratio,
+                "pct_copy_bw": 80.0, "deterministic": None}
+
+    rows = [row("fwd", "conv1d_silu", 41.1, 1.09), row("fwd", "bare", 39.0, 1.04), row("bwd", "conv1d_silu", 70.0, 1.27),
+            row("bwd", "bare", 62.4, 1.14), row("fwdbwd", "conv1d_silu", 111.0), row("copy", "torch_copy", 37.6),
+            row("add", "torch_add", 54.9)]
+    meta = {"gpu": "NVIDIA H100", "torch": "2.11", "commit": "", "dtype": "bf16", "K": 4, "copy_bandwidth_TBps": 3.0,
+            "graph": True, "reps": 15}
+    lines = bench.markdown({"meta": meta, "rows": rows, "speedups": bench._speedups([])}).splitlines()
+    assert "| 65536 | 384 | bwd | 70.0 | 54.9 | 1.27x | 80 |  | 62.4 | 1.14x |" in lines
+    assert "| 65536 | 384 | fwdbwd | 111.0 |  |  | 80 |  |  |  |" in lines
+    assert any("bare µs | bare ratio" in line for line in lines)
+    with pytest.raises(ValueError, match="--floor: .* a CUDA GPU"):
+        bench.main(["--cpu", "--floor", "--shapes", "4096,16", "--no-host"])
+
+
 def _synthetic(gpu="NVIDIA H200", impls=("conv1d_silu", "torch_eager", "dao_cc1d", "fla_triton"),
                tokens=(32768, 1048576), scale=1.0, commit="a" * 40):
     """A saved result in the bench's format: a few C per token count, every call of each impl,
@@ -372,3 +393,57 @@ def test_layout_bcl_times_channel_first_calls():
     other = {**result, "meta": {**result["meta"], "layout": "BLC"}}
     with pytest.raises(ValueError, match="layout"):
         bench.merge_results([result, other])
+
+
+@pytest.mark.parametrize(
+    "S, C, fwd_program, bwd_program, dtype",
+    [
+        (3000, 72, "fwd_rows", "rowgroup", torch.float32),  # tiled, one slab per lane
+        (3000, 264, "fwd_flat16_8b", "rowgroup_flat2_8b", torch.bfloat16),  # flat, two slabs per lane
+        (5000, 40, "fwd_rows16_8b", "rowgroup_long_flat32_8b", torch.float32),  # level-2 CTAs
+        (5000, 64, None, "rowgroup_sm_long", torch.bfloat16),  # routed forward; persistent backward
+    ],
+)
+def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_program, bwd_program, dtype):
+    """--floor's bare launches keep the program's rows: y = x, dx[t - (K-1)] = x[t] + dy[t] (0 in
+    the last K-1 rows), every row and channel written in the program's geometry."""
+    from conv1d_silu import bench_floor
+
+    K, device = 4, kernel_backend.device
+    g = torch.Generator(device=device).manual_seed(S + C)
+    x, dy = (torch.randn(S, C, device=device, dtype=dtype, generator=g) for _ in range(2))
+    w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
+    b = torch.randn(C, device=device, dtype=dtype, generator=g)
+    floor = bench_floor.calls(x, w, b, dy, fwd_program, bwd_program)
+    floor.y.fill_(float("nan"))
+    floor.dx.fill_(float("nan"))
+    floor.fwd()
+    floor.bwd()
+    assert torch.equal(floor.y, x)
+    assert torch.equal(floor.dx[: S - K + 1], (x + dy)[K - 1:])
+    assert torch.equal(floor.dx[S - K + 1:], torch.zeros_like(x[S - K + 1:]))
+    with pytest.raises(ValueError, match="no bare launch"):
+        bench_floor.calls(x, w, b, dy, "reference")
+
+
+def test_floor_takes_channel_last_rows_only():
+    from conv1d_silu import bench_floor
+
+    x = torch.randn(2, 64, 8)
+    with pytest.raises(ValueError, match="x: the floor takes channel-last"):
+        bench_floor.calls(x, torch.randn(8, 4), None, x)
+
+
+def test_floor_rows_join_ours_in_the_same_turns(kernel_backend):
+    """With --floor each of our fwd / bwd rows gets a bare row, timed in the same turns as ours and
+    PyTorch's copy_ / add (a same-run ratio to them)."""
+    args = bench.parser().parse_args(
+        ["--floor", "--baselines", "--calls", "fwd", "bwd", "fwdbwd", "--dtype", "fp32", "--no-host"]
+    )
+    device = torch.device(kernel_backend.device)
+    timer = bench.Timer(device, reps=2, warmup=1, graph=False)
+    rows = bench._shape_rows(args, bench._impls(args), 3000, 64, timer, timer, 1e12, torch.float32, device)
+    bare = [r for r in rows if r.impl == "bare"]
+    assert [r.call for r in bare] == ["fwd", "bwd"]
+    assert all(len(r.times_us) == 2 and r.same_run_ratio > 0 for r in bare)
+    assert not any(s["baseline"] == "bare" for s in bench._speedups(rows))

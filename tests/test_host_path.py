@@ -39,7 +39,7 @@ def test_a_repeated_call_checks_routes_and_plans_nothing(kernel_backend, monkeyp
     """The second call of a signature (new tensors, same shapes, strides, dtypes and device) runs
     no argument check, no program choice and no launch planning, and gives the first call's bits."""
     first = _step(*_leaves())
-    planning = ((api, "check_inputs"), (ops, "choose"), (gpu, "_forward_launch"), (gpu, "_backward_launches"))
+    planning = ((api, "check_inputs"), (ops, "choose"), (gpu, "forward_launch"), (gpu, "backward_launches"))
     for module, name in planning:
         monkeypatch.setattr(module, name, _refuse(name))
     torch.manual_seed(0)

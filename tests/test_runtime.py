@@ -436,7 +436,7 @@ def test_a_prepared_launch_packs_what_pack_args_packs():
 
     x, w, b = torch.randn(100, 8), torch.randn(8, 4), torch.randn(8)
     doc = doc_table(x, None, None, None)
-    launch, _, _ = gpu._backward_launches(
+    launch, _, _ = gpu.backward_launches(
         x, w, True, doc, False, True, torch.float32, routes.PROGRAMS["rowgroup"], 8, 8, 16, 0, False, gpu.Launcher()
     )
     calls = []

@@ -23,10 +23,13 @@
 //
 // x and dy arrive through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns
 // ahead of the math; the slots of the fold come first in dynamic shared memory, the pipeline after.
+//
+// BARE (the bench's floor, never routed): the program's loads of x and dy and stores of dx without
+// the math, the slab partials or the fold: dx[t - (K-1)] = x[t] + dy[t] (0 past the sequence).
 #include "common.cuh"
 
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int SPL, int DEPTH, bool FLAT>
+          bool SILU, typename I, int SPL, int DEPTH, bool FLAT, bool BARE = false>
 __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c1s::BwdArgs a) {
   using namespace c1s;
   // every CTA has started: the fold (split) may launch and wait for this grid in a free slot
@@ -207,7 +210,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             xr[P][e] = xv[e];
-            if (docs.padding()) {  // padding passes no gradient
+            if (BARE) {
+              g[e] = xv[e] + dv[e];
+            } else if (docs.padding()) {  // padding passes no gradient
               g[e] = A(0);
             } else if (SILU) {
               A z = bv[e];
@@ -218,7 +223,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
               g[e] = dv[e];
             }
           }
-          if (own) {
+          if (own && !BARE) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
 #pragma unroll
@@ -253,7 +258,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
             for (int m = 0; m < K; ++m)
               if (ALL_SAME || dr[(P + 1 + m) % K] == dr[first])
                 v = fma_(wv[K - 1 - m][e], gr[(P + 1 + m) % K][e], v);
-            dxv[e] = v;
+            dxv[e] = BARE ? gr[P][e] : v;
           }
           store_vec(pdx, 0, dxv);
           pdx += C;
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
             }
           }
         }
-        if (SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
+        if (!BARE && SPL > 1 && j < LANE_ROWS && j % SLAB == SLAB - 1) {
           // end of slab j / SLAB: into its own slot (SPL < FAN), or folded into the lane's level-1
           // node in index order (SPL = FAN); slabs past S give their +0 like any other
           A* to = my_slot + (CTA_LEVEL == 1 ? (j / SLAB) * NB * tile_c : 0);
@@ -319,6 +324,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd(const __grid_constant__ c
         }
       }
     }
+
+    if (BARE) continue;  // no partials, no fold (nothing in shared memory but this thread's pipeline)
 
     // This lane's values: its slab partial (SPL = 1); with SPL > 1 its slabs' partials or its
     // level-1 node, already in the slots. A lane without rows contributes +0 to each of its slots.

@@ -9,10 +9,11 @@
 // neighbouring bytes.
 // x arrives through a per-thread cp.async pipeline (common.cuh, RowPipe) DEPTH-1 ring turns ahead
 // of the math.
+// BARE (the bench's floor, never routed): y = x, the program's loads and stores without the math.
 #include "common.cuh"
 
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
-          bool SILU, typename I, int ROWS, int DEPTH>
+          bool SILU, typename I, int ROWS, int DEPTH, bool BARE = false>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd(const __grid_constant__ c1s::FwdArgs a) {
   using namespace c1s;
   const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd(const __grid_constant__ c
         A z = bv[e];
 #pragma unroll
         for (int k = 0; k < K; ++k) z = fma_(wv[k][e], xr[(P + 1 + k) % K][e], z);
-        yv[e] = docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
+        yv[e] = BARE ? xv[e] : docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
       }
       store_vec(py, 0, yv);
       py += C;

@@ -1,0 +1,64 @@
+"""The floor of a call's access pattern: the bench's ``bare`` rows (``python -m conv1d_silu.bench --floor``).
+
+A bare launch is the routed program's own launch (its geometry, vector width, cp.async pipeline and
+order of rows) with its kernel's BARE flag set: it keeps the program's loads of x (and dy) and its
+stores of y (dx), and drops the math, the slab partials and the fold (the forward writes y = x, the
+backward dx[t - (K-1)] = x[t] + dy[t]). Its time is what the program's bytes cost in the program's
+own pattern; ours over it is what the math and the fold add, and it over ``copy_`` / ``add`` is
+what the pattern costs against PyTorch's flat one. Channel-last x (S, C) without documents or
+states, as the bench's token-major rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, NamedTuple
+
+import torch
+
+from . import gpu, ops
+from .documents import doc_table
+from .runtime import Launch
+
+
+def bare(launch: Launch) -> Launch:
+    """``launch`` with its kernel's last template argument, BARE (default false), set."""
+    return replace(launch, kernel=launch.kernel[:-1] + ", true>")
+
+
+class Floor(NamedTuple):
+    fwd: Callable[[], None]  # submits the forward's bare launch, which writes y
+    bwd: Callable[[], None]  # submits the backward's, which writes dx
+    y: torch.Tensor
+    dx: torch.Tensor
+
+
+def calls(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: torch.Tensor,
+          fwd_program: str | None = None, bwd_program: str | None = None) -> Floor:
+    """The bare launches of the programs that a call on these tensors is routed to (the weight
+    gradients in the weight's dtype; a program named for a direction is forced there), on fresh
+    outputs, through the op's current launcher (``ops.use_launcher``)."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x: the floor takes channel-last (S, C) x, got shape {tuple(x.shape)} strides {x.stride()}")
+    doc = doc_table(x, None, None, None)
+    has_bias = bias is not None
+    programs = [ops.choose(d, x, weight, has_bias, doc, False, p) for d, p in (("fwd", fwd_program), ("bwd", bwd_program))]
+    for program in programs:
+        if not (program.cuda and program.layout == "BLC"):
+            raise ValueError(f"x: its {program.direction} program {program.name!r} has no bare launch")
+    launcher, x_stride, device = ops.launcher(), x.stride(0), x.device
+    fwd = gpu.forward_launch(
+        x, weight, has_bias, doc, False, False, True, programs[0], x_stride, gpu.alignment(x), launcher
+    )
+    bwd, _, scratch = gpu.backward_launches(
+        x, weight, has_bias, doc, False, True, weight.dtype, programs[1], x_stride, dy.stride(0),
+        gpu.alignment(x, dy), 0, False, launcher,
+    )
+    fwd, bwd = launcher.prepare(bare(fwd), device), launcher.prepare(bare(bwd), device)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    workspace, tickets = gpu.backward_scratch(*scratch, device, False)
+    w, b = gpu.dense(weight), gpu.dense(bias)
+    dw, db = torch.empty_like(w), None if b is None else torch.empty_like(b)
+    fwd_tensors = (x, w, b, None, None, y, None)
+    bwd_tensors = (x, dy, w, b, None, None, dx, None, dw, db, workspace, tickets, None, None)
+    return Floor(lambda: fwd(fwd_tensors), lambda: bwd(bwd_tensors), y, dx)
