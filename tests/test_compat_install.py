@@ -247,12 +247,15 @@ def test_fla_short_convolution_cuda_backend_through_the_shim(tmp_path):
 
 
 def test_harness_runs_a_test_file_against_the_shim(tmp_path):
-    """tools/test_against_causal_conv1d.sh installs the shim before pytest imports the file."""
+    """tools/test_against_causal_conv1d.sh installs the shim before pytest imports the file, from a
+    plugin given by -p, which pytest-xdist's workers load too (a shim installed only in the process
+    that starts pytest leaves every worker's import of causal_conv1d failing)."""
     test_file = tmp_path / "test_uses_causal_conv1d.py"
     test_file.write_text(
         "from causal_conv1d.cpp_functions import causal_conv1d_fwd_function\n\n"
-        "def test_served_by_conv1d_silu():\n"
+        "def test_served_by_conv1d_silu(pytestconfig):\n"
         "    assert causal_conv1d_fwd_function.__module__ == 'conv1d_silu.compat.cpp_functions'\n"
+        "    assert pytestconfig.pluginmanager.has_plugin('conv1d_silu_as_causal_conv1d')\n"
     )
     harness = ROOT / "tools" / "test_against_causal_conv1d.sh"
     run = subprocess.run([str(harness), str(test_file), "-q"], capture_output=True, text=True, timeout=300)
