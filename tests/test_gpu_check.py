@@ -30,7 +30,7 @@ def _calls(tmp_path: Path, stages: str, **env: str) -> list[str]:
         stub.write_text(STUB.format(tool=tool, log=log))
         stub.chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-            "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), **env}
+            "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), "CONV1D_SILU_RECORD_INSTANCES": "", **env}
     subprocess.run(["bash", str(ROOT / "tools" / "gpu-check"), *stages.split()], env=full, check=True,
                    capture_output=True, timeout=60)
     return [line.removeprefix("python3 ") for line in log.read_text().splitlines() if line.startswith("python3 ")]
