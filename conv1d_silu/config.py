@@ -33,6 +33,12 @@ def forced_program() -> str | None:
     return getenv("CONV1D_SILU_PROGRAM") or None
 
 
+def record_instances() -> str | None:
+    """A file that every kernel instance compiled in this process is appended to
+    (``CONV1D_SILU_RECORD_INSTANCES``; tools/gpu-check sets it, tools/warm_kernels.py reads it)."""
+    return getenv("CONV1D_SILU_RECORD_INSTANCES") or None
+
+
 def check_documents() -> bool:
     """Whether document tables on the GPU are checked for content (costs one host sync per call).
 

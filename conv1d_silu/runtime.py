@@ -243,7 +243,19 @@ def function(source: str, kernel: str, device_index: int):
                     f"(options {NVRTC_OPTIONS}, device {device_index}):\n{log}"
                 ) from err
             _functions[key] = fn
+            record_instance(source, kernel)
     return fn
+
+
+def record_instance(source: str, kernel: str) -> None:
+    """Append a compiled instance to :func:`config.record_instances`'s file, one ``source<TAB>name
+    expression`` line (one write: processes appending at once do not interleave their lines). The
+    suite compiles a thousand instances, one test after another; after a kernel-text change
+    tools/warm_kernels.py compiles the last run's list on every core first."""
+    path = config.record_instances()
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{source}\t{kernel}\n")
 
 
 def current_stream_ptr(device_index: int) -> int:

@@ -30,7 +30,7 @@ def _calls(tmp_path: Path, stages: str, **env: str) -> list[str]:
         stub.write_text(STUB.format(tool=tool, log=log))
         stub.chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-            "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), **env}
+            "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), "CONV1D_SILU_RECORD_INSTANCES": "", **env}
     subprocess.run(["bash", str(ROOT / "tools" / "gpu-check"), *stages.split()], env=full, check=True,
                    capture_output=True, timeout=60)
     return [line.removeprefix("python3 ") for line in log.read_text().splitlines() if line.startswith("python3 ")]
@@ -84,3 +84,19 @@ def test_layouts_times_both_layouts_on_the_same_shapes(tmp_path):
     assert [c.split("--layout ")[1].split()[0] for c in calls] == ["BCL", "BLC"]
     assert all("--shapes 4096,8 8192,16 " in c and "--graph" in c for c in calls)
     assert "--baseline-programs bwd_bcl_staged_dx bwd_bcl_direct" in calls[0] and "baseline-programs" not in calls[1]
+
+
+def test_tests_compile_the_last_runs_instances_first(tmp_path):
+    """The tests stage warms the cache from the instance list kept in it, before pytest; with no
+    list (a first run) it goes straight to pytest."""
+    cache = tmp_path / "cache"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    assert not any("warm_kernels" in c for c in _calls(first, "tests", CUPY_CACHE_DIR=str(cache)))
+    listed = cache / "conv1d_silu_instances.txt"
+    listed.write_text("conv1d_silu_fwd\tconv1d_silu_fwd<float>\n")
+    calls = _calls(second, "tests", CUPY_CACHE_DIR=str(cache), WARM_JOBS="3")
+    warm = next(i for i, c in enumerate(calls) if c.startswith("tools/warm_kernels.py"))
+    assert calls[warm] == f"tools/warm_kernels.py {listed} --jobs 3"
+    assert calls.index(next(c for c in calls if c.startswith("-m pytest -q -n"))) > warm

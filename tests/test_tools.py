@@ -27,3 +27,51 @@ def test_sanitize_cases_cover_every_cuda_program(capsys):
     assert out.count("case ") == len(cases.CASES)
     cuda = {name for name, p in routes.PROGRAMS.items() if p.direction in ("fwd", "bwd")}
     assert set(cases.PROGRAMS) == cuda and all(name in out.split() for name in cuda)
+
+
+def test_warm_kernels_compiles_the_listed_instances_once_and_drops_stale_ones(tmp_path, monkeypatch, capsys):
+    """tools/warm_kernels.py: each distinct (source, instance) of the list compiled once, malformed
+    lines ignored, an instance the source no longer has dropped from the rewritten list."""
+    from conv1d_silu import runtime
+
+    warm = load_module("tools/warm_kernels.py")
+    listed = tmp_path / "instances.txt"
+    listed.write_text(
+        "conv1d_silu_fwd\tconv1d_silu_fwd<float, 1>\n"
+        "conv1d_silu_bwd\tconv1d_silu_bwd<float, 2>\n"
+        "no tab here\n"
+        "conv1d_silu_fwd\tconv1d_silu_fwd<float, 1>\n"
+        "conv1d_silu_fwd\tconv1d_silu_fwd<old, 3>\n"
+    )
+    compiled = []
+
+    def function(source, kernel, index):
+        compiled.append((source, kernel, index))
+        if "old" in kernel:
+            raise runtime.CompileError(f"conv1d_silu: NVRTC could not build {kernel}\nlog")
+
+    monkeypatch.setattr(runtime, "function", function)
+    monkeypatch.setenv("CONV1D_SILU_RECORD_INSTANCES", str(listed))
+    assert warm.main([str(listed), "--jobs", "1"]) == 0
+    assert compiled == [
+        ("conv1d_silu_fwd", "conv1d_silu_fwd<float, 1>", 0),
+        ("conv1d_silu_bwd", "conv1d_silu_bwd<float, 2>", 0),
+        ("conv1d_silu_fwd", "conv1d_silu_fwd<old, 3>", 0),
+    ]
+    assert listed.read_text() == "conv1d_silu_fwd\tconv1d_silu_fwd<float, 1>\nconv1d_silu_bwd\tconv1d_silu_bwd<float, 2>\n"
+    out = capsys.readouterr()
+    assert "2 of 3 instances ready" in out.out and "1 no longer in the source" in out.out and "<old, 3>" in out.err
+
+
+def test_the_runtime_lists_what_it_compiles_where_asked(tmp_path, monkeypatch):
+    from conv1d_silu import runtime
+
+    listed = tmp_path / "instances.txt"
+    monkeypatch.delenv("CONV1D_SILU_RECORD_INSTANCES", raising=False)
+    runtime.record_instance("conv1d_silu_fwd", "conv1d_silu_fwd<float>")
+    assert not listed.exists()
+    monkeypatch.setenv("CONV1D_SILU_RECORD_INSTANCES", str(listed))
+    runtime.record_instance("conv1d_silu_fwd", "conv1d_silu_fwd<float>")
+    runtime.record_instance("conv1d_silu_bwd", "conv1d_silu_bwd<float>")
+    warm = load_module("tools/warm_kernels.py")
+    assert warm.instances(listed) == [("conv1d_silu_fwd", "conv1d_silu_fwd<float>"), ("conv1d_silu_bwd", "conv1d_silu_bwd<float>")]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from conv1d_silu import kernels
+from conv1d_silu import kernels, runtime
 from conv1d_silu.gpu import Launcher
 from conv1d_silu.runtime import DeviceLimits, Driver, Launch, Prepared
 
@@ -73,6 +73,7 @@ def _library(source: str, kernel: str) -> ctypes.CDLL:
         if result.returncode != 0:
             raise RuntimeError(f"emulator build of {kernel} failed:\n{result.stderr[-4000:]}")
         os.replace(tmp, so)
+    runtime.record_instance(source, kernel)  # seeds the GPU suite's instance list without a GPU
     lib = ctypes.CDLL(str(so))
     lib.emu_launch.restype = ctypes.c_int
     lib.emu_launch.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
