@@ -75,3 +75,10 @@ def test_the_runtime_lists_what_it_compiles_where_asked(tmp_path, monkeypatch):
     runtime.record_instance("conv1d_silu_bwd", "conv1d_silu_bwd<float>")
     warm = load_module("tools/warm_kernels.py")
     assert warm.instances(listed) == [("conv1d_silu_fwd", "conv1d_silu_fwd<float>"), ("conv1d_silu_bwd", "conv1d_silu_bwd<float>")]
+
+
+def test_profile_cases_name_their_shape_layout_and_program():
+    profile = load_module("tools/profile_kernels.py")
+    assert profile.parse("bwd:250340:384:rowgroup_long_8b") == ("bwd", (250340, 384), 384, "BLC", "rowgroup_long_8b", True)
+    assert profile.parse("bwd:8x2048:1024:bwd_bcl:nobias") == ("bwd", (8, 1024, 2048), 1024, "BCL", "bwd_bcl", False)
+    assert profile.parse("add:8x2048:1024") == ("add", (8, 1024, 2048), 1024, "BCL", None, True)

@@ -4,8 +4,9 @@
         python3 tools/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
 Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
-``nobias``, random inputs; an empty program routes). Every case runs once before profiling starts,
-so compilation and the first-call work stay outside the profiled range. tools/ncu-profile wraps this.
+``nobias``, random inputs; an empty program routes). S as ``BxL`` (``bwd:8x2048:1024:bwd_bcl``) makes x
+channel-first, (B, C, L) with ``layout="BCL"``. Every case runs once before profiling starts, so
+compilation and the first-call work stay outside the profiled range. tools/ncu-profile wraps this.
 """
 
 from __future__ import annotations
@@ -20,24 +21,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conv1d_silu import causal_conv1d_silu  # noqa: E402
 
 
+def parse(spec: str) -> tuple[str, tuple[int, ...], int, str, str | None, bool]:
+    """(call, x's shape, C, layout, program or None, bias) of a case."""
+    call, tokens, C, *rest = spec.split(":")
+    C = int(C)
+    if "x" in tokens:
+        B, L = (int(v) for v in tokens.split("x"))
+        shape, layout = (B, C, L), "BCL"
+    else:
+        shape, layout = (int(tokens), C), "BLC"
+    return call, shape, C, layout, rest[0] if rest and rest[0] else None, "nobias" not in rest[1:]
+
+
 def make(spec: str):
-    call, S, C, *rest = spec.split(":")
-    S, C = int(S), int(C)
-    program = rest[0] if rest and rest[0] else None
-    bias = "nobias" not in rest[1:]
-    g = torch.Generator(device="cuda").manual_seed(S + C)
-    x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    call, shape, C, layout, program, bias = parse(spec)
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (torch.randn(C, 4, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).requires_grad_()
     b = torch.randn(C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() if bias else None
     leaves = (x, w, b) if bias else (x, w)
-    dy = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
     out = torch.empty_like(dy)
     if call == "fwd":
-        return lambda: causal_conv1d_silu(x, w, b, program=program)
+        return lambda: causal_conv1d_silu(x, w, b, program=program, layout=layout)
     if call == "bwd":
-        y = causal_conv1d_silu(x, w, b)
+        y = causal_conv1d_silu(x, w, b, layout=layout)
         return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True) if program is None else (
-            torch.autograd.grad(causal_conv1d_silu(x, w, b, program=program), leaves, dy)
+            torch.autograd.grad(causal_conv1d_silu(x, w, b, program=program, layout=layout), leaves, dy)
         )
     if call == "copy":
         return lambda: out.copy_(dy)
