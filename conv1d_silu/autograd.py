@@ -59,10 +59,8 @@ class CausalConv1dSiLUFunction(torch.autograd.Function):
         )
         if wmg is not None:  # the weight gradients went into the main_grad buffers
             dw = db = None
-        if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise, not come out as zero
-            dx, dw, db, dinit = not_differentiable(dx, dw, db, dinit)
         # autograd drops the trailing Nones of a call without the optional tensors
-        return None, dx, dw, db, dinit, None, None
+        return None, *_differentiable_or_not(dx, dw, db, dinit), None, None
 
 
 def not_differentiable(*grads):
@@ -130,7 +128,8 @@ class PlainFunction(torch.autograd.Function):
 
 
 def _differentiable_or_not(*grads):
-    """``grads``, behind :func:`not_differentiable` under create_graph=True."""
+    """``grads``, behind :func:`not_differentiable` under create_graph=True: a second derivative must
+    raise, not come out as zero."""
     return not_differentiable(*grads) if torch.is_grad_enabled() else grads
 
 

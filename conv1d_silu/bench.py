@@ -30,18 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import causal_conv1d_silu
-from .bench_report import (  # noqa: F401  (markdown, figure, plot, merge_results, add_peers: bench's API too)
-    CALLS,
-    PEERS,
-    PLAIN,
-    SAME_BYTES,
-    add_peers,
-    figure,
-    markdown,
-    merge_results,
-    plot,
-    write_json,
-)
+from .bench_report import CALLS, PEERS, SAME_BYTES, add_peers, markdown, merge_results, plot, write_json
 
 # The default list: four token counts (250340, the reference shape's, beside 262144, a power of
 # two) at C = 264..408 in steps of 8 (all but 320 and 384 are not multiples of 64, so bf16 rows

@@ -11,7 +11,7 @@ import torch
 
 from conftest import DEVICES
 
-from conv1d_silu import bench
+from conv1d_silu import bench, bench_report
 from conv1d_silu.documents import doc_table
 from conv1d_silu.reference import forward as reference_forward
 
@@ -193,7 +193,7 @@ def test_host_overhead_reports_importable_peers_beside_ours(capsys):
     assert h["ratio"] == h["conv1d_silu_fwd_bwd"] / h["torch_x2_sum_backward"]
     meta = {"gpu": "cpu", "torch": torch.__version__, "commit": "", "dtype": "fp32", "K": 4,
             "copy_bandwidth_TBps": 1.0, "graph": False}
-    line = bench.markdown({"meta": meta, "rows": [], "speedups": [], "host_overhead_us": h}).splitlines()[-1]
+    line = bench_report.markdown({"meta": meta, "rows": [], "speedups": [], "host_overhead_us": h}).splitlines()[-1]
     assert "fla_triton" in line and "dao_cc1d" not in line
 
 
@@ -210,7 +210,7 @@ def test_markdown_reports_ours_beside_the_same_run_floor():
             row(32768, "copy", "torch_copy", 12.8), row(32768, "add", "torch_add", 18.0)]
     meta = {"gpu": "cpu", "torch": torch.__version__, "commit": "", "dtype": "bf16", "K": 4,
             "copy_bandwidth_TBps": 1.0, "graph": True, "reps": 15}
-    lines = bench.markdown({"meta": meta, "rows": rows, "speedups": []}).splitlines()
+    lines = bench_report.markdown({"meta": meta, "rows": rows, "speedups": []}).splitlines()
     assert "| 32768 | 264 | fwd | 16.0 | 12.8 | 1.25x | 90 |  |" in lines
     assert "| 32768 | 264 | bwd | 29.2 | 18.0 | 1.62x | 90 | yes |" in lines
     assert "| 32768 | 264 | fwdbwd | 41.4 |  |  | 90 |  |" in lines
@@ -231,7 +231,7 @@ def test_markdown_puts_the_floor_of_our_pattern_beside_ours():
             row("add", "torch_add", 54.9)]
     meta = {"gpu": "NVIDIA H100", "torch": "2.11", "commit": "", "dtype": "bf16", "K": 4, "copy_bandwidth_TBps": 3.0,
             "graph": True, "reps": 15}
-    lines = bench.markdown({"meta": meta, "rows": rows, "speedups": bench._speedups([])}).splitlines()
+    lines = bench_report.markdown({"meta": meta, "rows": rows, "speedups": bench._speedups([])}).splitlines()
     assert "| 65536 | 384 | bwd | 70.0 | 54.9 | 1.27x | 80 |  | 62.4 | 1.14x |" in lines
     assert "| 65536 | 384 | fwdbwd | 111.0 |  |  | 80 |  |  |  |" in lines
     assert any("bare µs | bare ratio" in line for line in lines)
@@ -271,7 +271,7 @@ def test_plot_draws_a_row_of_panels_per_token_count(tmp_path):
     """Forward and backward µs against C, a row per token count; ours, the peers and PyTorch's
     copy_ / add in one shared legend; the eager baseline (off-scale) only in the tables."""
     path = tmp_path / "bench.png"
-    fig = bench.plot(_synthetic(), str(path))
+    fig = bench_report.plot(_synthetic(), str(path))
     assert path.stat().st_size > 10_000
     assert len(fig.axes) == 4  # 2 token counts x (forward, backward)
     assert [ax.get_title() for ax in fig.axes[:2]] == ["forward, S = 32,768 tokens", "backward, S = 32,768 tokens"]
@@ -288,7 +288,7 @@ def test_plot_draws_a_row_of_panels_per_token_count(tmp_path):
     floor = {ax.get_title().split(",")[0]: ax.get_lines()[-1].get_ydata()[0] for ax in fig.axes[:2]}
     assert floor == {"forward": pytest.approx(32768 * 264e-5 * 0.8), "backward": pytest.approx(32768 * 264e-5 * 1.2)}
     # without peers: ours and the floor only
-    fig = bench.figure(_synthetic(impls=("conv1d_silu", "torch_eager"), tokens=(65536,)))
+    fig = bench_report.figure(_synthetic(impls=("conv1d_silu", "torch_eager"), tokens=(65536,)))
     assert len(fig.axes) == 2 and len(fig.legends[0].get_texts()) == 2
 
 
@@ -312,17 +312,17 @@ def test_peers_join_the_tables_and_the_plot(tmp_path):
     for s in fla:
         assert s["speedup"] == pytest.approx(3.0)  # the peer's µs over ours of the record
         assert s["ci95"] is None and s["peer_run"]["speedup"] == pytest.approx(3.0 / 1.25)
-    text = bench.markdown(result)
+    text = bench_report.markdown(result)
     assert "vs fla_triton" in text and "fla_triton: rows of another run" in text
     assert ": 3.00x (same run 2.40x, 2.16-2.64) |" in text
-    labels = [t.get_text() for t in bench.figure(result).legends[0].get_texts()]
+    labels = [t.get_text() for t in bench_report.figure(result).legends[0].get_texts()]
     assert "flash-linear-attention (another run)" in labels and out.exists()
     # the written result loads again, and adding the same peer twice adds nothing
     again = bench.main(["--from-json", str(tmp_path / "both.json"), "--peers", str(tmp_path / "peer.json")])
     assert len(again["rows"]) == len(result["rows"]) and len(again["speedups"]) == len(result["speedups"])
     other = {**peer, "meta": {**peer["meta"], "gpu": "NVIDIA H100 80GB HBM3"}}
     with pytest.raises(ValueError, match="peer 1 differs from the result in gpu"):
-        bench.add_peers(record, [other])
+        bench_report.add_peers(record, [other])
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -340,7 +340,7 @@ def test_the_committed_results_load_and_plot(files, tmp_path):
     # these results were taken before the Mamba rows joined the default list; every other row is there
     assert set(bench.default_shapes()) - shapes <= set(bench.MAMBA_SHAPES)
     assert all(r["same_run_ratio"] for r in ours if r["call"] != "fwdbwd")
-    assert len(bench.figure(result).axes) == 2 * len({S for S, _ in shapes})
+    assert len(bench_report.figure(result).axes) == 2 * len({S for S, _ in shapes})
     text = (tmp_path / "r.md").read_text()
     assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
     if "--peers" in files:
@@ -393,10 +393,10 @@ def test_layout_bcl_times_channel_first_calls():
     torch.testing.assert_close(impls["conv1d_silu"](x, w, b), impls["torch_eager"](x, w, b), rtol=1e-5, atol=1e-5)
     result = bench.main(["--cpu", "--layout", "BCL", "--baselines", "eager", "--shapes", "4096,16",
                          "--reps", "2", "--no-host", "--calls", "fwd"])
-    assert result["meta"]["layout"] == "BCL" and "channel-first" in bench.markdown(result)
+    assert result["meta"]["layout"] == "BCL" and "channel-first" in bench_report.markdown(result)
     other = {**result, "meta": {**result["meta"], "layout": "BLC"}}
     with pytest.raises(ValueError, match="layout"):
-        bench.merge_results([result, other])
+        bench_report.merge_results([result, other])
 
 
 @pytest.mark.parametrize(
