@@ -183,6 +183,13 @@ def torch_reference_shifts(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | N
     return F.silu(y if b is None else y + b)
 
 
+def cc1d_name() -> str:
+    """causal-conv1d's name in the results: its deterministic backward (CAUSAL_CONV1D_DETERMINISTIC=1,
+    which its C++ reads at every call, or torch's deterministic algorithms) is a peer of its own."""
+    det = os.environ.get("CAUSAL_CONV1D_DETERMINISTIC") == "1" or torch.are_deterministic_algorithms_enabled()
+    return "dao_cc1d_det" if det else "dao_cc1d"
+
+
 def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
     """Ours and the baselines on x of the layout: token-major (S, C), or channel-first (B, C, L)
     with each peer called as its users call it there."""
@@ -208,10 +215,11 @@ def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
         try:
             from causal_conv1d import causal_conv1d_fn
 
+            name = cc1d_name()
             if bcl:
-                impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(x, w, b, activation="silu")
+                impls[name] = lambda x, w, b: causal_conv1d_fn(x, w, b, activation="silu")
             else:
-                impls["dao_cc1d"] = lambda x, w, b: causal_conv1d_fn(
+                impls[name] = lambda x, w, b: causal_conv1d_fn(
                     x.t().unsqueeze(0), w, b, activation="silu"
                 )[0].t()
         except Exception as err:  # a missing peer is a gap in the table, so say why
@@ -541,7 +549,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-programs", nargs="*", default=[], help="our op forced to these programs, as baselines")
     p.add_argument("--calls", nargs="*", default=list(CALLS), choices=CALLS)
     p.add_argument("--baselines", nargs="*", default=["eager", "compile", "cc1d", "fla"],
-                   help="of eager, compile, cc1d (causal-conv1d), fla (flash-linear-attention); default: all")
+                   help="of eager, compile, cc1d (causal-conv1d: dao_cc1d, or dao_cc1d_det under "
+                        "CAUSAL_CONV1D_DETERMINISTIC=1), fla (flash-linear-attention); default: all")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--layout", default="BLC", choices=["BLC", "BCL"],
                    help="BCL: x channel-first (B, C, L), ours with layout='BCL' and each peer as its users call it "

@@ -9,7 +9,7 @@ import os
 CALLS = ("fwd", "bwd", "fwdbwd")
 SAME_BYTES = {"fwd": "copy", "bwd": "add"}  # PyTorch's own kernel moving the bytes a call moves
 PLAIN = ("torch_copy", "torch_add")  # the rows of those kernels: the floor ours is held to
-PEERS = ("dao_cc1d", "fla_triton")  # the peers' implementations, timed for host overhead too
+PEERS = ("dao_cc1d", "dao_cc1d_det", "fla_triton")  # the peers' implementations, timed for host overhead too
 
 
 # What the parts of one bench must share to be reported as one table.
@@ -97,7 +97,7 @@ def write_json(result: dict, path: str) -> None:
     os.replace(tmp, path)
 
 
-BASELINE_ORDER = ("torch_eager", "torch_compile", "dao_cc1d", "fla_triton")
+BASELINE_ORDER = ("torch_eager", "torch_compile", "dao_cc1d", "dao_cc1d_det", "fla_triton")
 
 
 def _copy_or_add(rows: list[dict]) -> dict[tuple, dict]:
@@ -191,6 +191,7 @@ def _speedup_table(result: dict) -> list[str]:
 PLOT_LINES = {
     "conv1d_silu": ("conv1d_silu (ours)", "tab:blue", "o", "-"),
     "dao_cc1d": ("causal-conv1d", "tab:orange", "s", "-"),
+    "dao_cc1d_det": ("causal-conv1d, deterministic", "tab:red", "D", "-"),
     "fla_triton": ("flash-linear-attention", "tab:green", "^", "-"),
     "floor": ("PyTorch copy_ (fwd) / add (bwd) of the same shape", "0.35", "", "--"),
 }

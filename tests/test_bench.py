@@ -248,7 +248,8 @@ def _synthetic(gpu="NVIDIA H200", impls=("conv1d_silu", "torch_eager", "dao_cc1d
         for C in ((264, 336, 408) if S < 1048576 else (64, 1024, 4096)):
             us = S * C * 1e-5
             for impl in impls:
-                factor = {"conv1d_silu": scale, "torch_eager": 20.0, "dao_cc1d": 2.0, "fla_triton": 3.0}[impl]
+                factor = {"conv1d_silu": scale, "torch_eager": 20.0, "dao_cc1d": 2.0, "dao_cc1d_det": 6.0,
+                          "fla_triton": 3.0}[impl]
                 for call, k in (("fwd", 1.0), ("bwd", 1.5), ("fwdbwd", 2.5)):
                     rows.append({"S": S, "C": C, "call": call, "impl": impl, "median_us": us * k * factor,
                                  "same_run_ratio": 1.2 if impl == "conv1d_silu" and call != "fwdbwd" else None,
@@ -325,11 +326,61 @@ def test_peers_join_the_tables_and_the_plot(tmp_path):
         bench_report.add_peers(record, [other])
 
 
+def test_cc1d_under_its_deterministic_mode_is_a_peer_of_its_own(monkeypatch):
+    """causal-conv1d with CAUSAL_CONV1D_DETERMINISTIC=1 (or torch's deterministic algorithms) runs
+    another backward: its rows are named dao_cc1d_det, not mixed into dao_cc1d's."""
+    import sys
+    import types
+
+    fake = types.ModuleType("causal_conv1d")
+    fake.causal_conv1d_fn = lambda x, w, b, activation=None: x * 2  # (B, C, L) in, (B, C, L) out
+    monkeypatch.setitem(sys.modules, "causal_conv1d", fake)
+    args = bench.parser().parse_args(["--cpu", "--baselines", "cc1d"])
+    x = torch.randn(50, 8)
+
+    def peers():
+        return [name for name in bench._impls(args) if name != "conv1d_silu"]
+
+    monkeypatch.delenv("CAUSAL_CONV1D_DETERMINISTIC", raising=False)
+    assert peers() == ["dao_cc1d"]
+    torch.testing.assert_close(bench._impls(args)["dao_cc1d"](x, None, None), x * 2)
+    monkeypatch.setenv("CAUSAL_CONV1D_DETERMINISTIC", "0")
+    assert peers() == ["dao_cc1d"]
+    monkeypatch.setenv("CAUSAL_CONV1D_DETERMINISTIC", "1")
+    assert peers() == ["dao_cc1d_det"]
+    torch.testing.assert_close(bench._impls(args, "BCL")["dao_cc1d_det"](x, None, None), x * 2)
+    monkeypatch.delenv("CAUSAL_CONV1D_DETERMINISTIC")
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert peers() == ["dao_cc1d_det"]
+
+
+def test_the_deterministic_cc1d_run_joins_as_its_own_column():
+    """A run under CAUSAL_CONV1D_DETERMINISTIC=1, joined with --peers: its dao_cc1d_det rows get a
+    column after causal-conv1d's, a line of the plot and a place in the host line."""
+    record = _synthetic(impls=("conv1d_silu", "torch_eager", "dao_cc1d"))
+    record["host_overhead_us"] = {"torch_x2_sum_backward": 134.0, "conv1d_silu_fwd_bwd": 225.0, "ratio": 1.69,
+                                  "dao_cc1d_fwd_bwd": 473.0, "dao_cc1d_det_fwd_bwd": 480.0}
+    peer = _synthetic(impls=("conv1d_silu", "dao_cc1d_det"), tokens=(32768,), commit="b" * 40)
+    result = bench_report.add_peers(record, [peer])
+    assert {r["impl"] for r in result["rows"] if "peer" in r} == {"dao_cc1d_det"}
+    lines = bench_report.markdown(result).splitlines()
+    assert "| S | C | call | ours µs | vs torch_eager | vs dao_cc1d | vs dao_cc1d_det |" in lines
+    assert any(line.startswith("dao_cc1d_det: rows of another run") for line in lines)
+    speedups = [line for line in lines if line.startswith("| 32768 | 264 | bwd |")][-1]
+    assert speedups.endswith("| 259.5: 2.00x (1.80-2.20) | 778.6: 6.00x (same run 6.00x, 5.40-6.60) |")
+    assert lines[-1].endswith("dao_cc1d 473, dao_cc1d_det 480")
+    labels = [t.get_text() for t in bench_report.figure(result).legends[0].get_texts()]
+    assert "causal-conv1d, deterministic (another run)" in labels and "causal-conv1d" in labels
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("files", [["h200.json", "--peers", "h200-fla.json"], ["h100.json"]])
-def test_the_committed_results_load_and_plot(files, tmp_path):
+@pytest.mark.parametrize("files, columns", [
+    (["h200.json", "--peers", "h200-fla.json"], ("vs torch_compile", "vs fla_triton")),
+    (["h100.json"], ("vs dao_cc1d", "bare µs | bare ratio")),
+])
+def test_the_committed_results_load_and_plot(files, columns, tmp_path):
     """The bench of record per GPU reports again from its JSON (the .md and .png are regenerated
     this way, without a GPU)."""
     args = [a if a.startswith("--") else str(RESULTS / a) for a in files]
@@ -337,14 +388,12 @@ def test_the_committed_results_load_and_plot(files, tmp_path):
     ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
     shapes = {(r["S"], r["C"]) for r in ours}
     assert len(ours) == 3 * len(shapes) and shapes <= set(bench.default_shapes())
-    # these results were taken before the Mamba rows joined the default list; every other row is there
+    # the H200's results were taken before the Mamba rows joined the default list; every other row is there
     assert set(bench.default_shapes()) - shapes <= set(bench.MAMBA_SHAPES)
     assert all(r["same_run_ratio"] for r in ours if r["call"] != "fwdbwd")
     assert len(bench_report.figure(result).axes) == 2 * len({S for S, _ in shapes})
     text = (tmp_path / "r.md").read_text()
-    assert "| 250340 | 384 | bwd |" in text and "vs torch_compile" in text
-    if "--peers" in files:
-        assert "vs fla_triton" in text
+    assert "| 250340 | 384 | bwd |" in text and all(column in text for column in columns)
 
 
 def test_decode_mode_runs_the_step_and_reports_it(tmp_path):
