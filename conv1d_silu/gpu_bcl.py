@@ -62,7 +62,7 @@ def _wide(B: int, L: int, C: int, spans: tuple[int, ...], n_docs: int, K: int) -
     """Whether some offset the kernels form needs 64-bit indexing (spans: (batch, channel) stride
     pairs of each tensor)."""
     rows = [B * bs + C * cs + L for bs, cs in zip(spans[::2], spans[1::2])]
-    return max(rows + [B * L, (n_docs + 1) * (K - 1) * C]) >= 2**31  # token numbers too
+    return max(rows + [(n_docs + 1) * (K - 1) * C]) >= 2**31
 
 
 @functools.lru_cache(maxsize=4096)
@@ -151,8 +151,9 @@ def backward_launches(
     ws_nodes = 0 if top == root else nodes[top]  # the CTAs' nodes, which the fold takes to the root
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
-    if staged:  # x, dy (and dx) of a round: its slabs, then the tail vectors as one slab more
-        rows = (2 + (staged == 2)) * (block + 1) * SLAB
+    if staged:  # x and dy of a round (each slab and a padding vector, then the tail vectors), and dx
+        tail = -(-(K - 1) // vec) * vec
+        rows = 2 * (block * (SLAB + vec) + tail) + (staged == 2) * block * (SLAB + vec)
         smem = -(-smem // 16) * 16 + rows * itemsize
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31
     kernel = kernels.name_expression(

@@ -149,19 +149,15 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
   A* slot = reinterpret_cast<A*>(smem_raw);  // [NB][bd] slabs, then [NB][n1] and [NB][n2] nodes
   A* lv1 = slot + NB * bd;
   A* lv2 = lv1 + NB * n1;
-  // STAGED >= 1: a round's x and dy rows (bd slabs, then the tail vectors as slab bd) pass through
-  // shared memory; STAGED = 2: its dx rows too, on the way out. Vector q of staged slab s sits at
-  // staged(s, q): each slab's vectors permuted by an XOR with bits of s, so that the vectors a warp
-  // writes at once (neighbouring vectors) and reads at once (vector q of neighbouring slabs) fall in
-  // distinct banks (slabs padded by a vector instead left the 16-byte stores 2-way conflicted)
+  // STAGED >= 1: a round's x and dy rows (bd slabs and the tail vectors) pass through shared memory,
+  // each slab followed by one vector of padding, so a warp's 16-byte reads of its slabs hit distinct
+  // banks; STAGED = 2: its dx rows too, on the way out
   using V = Vec<T, VEC>;
-  constexpr int ROW = 128 / (int)sizeof(V);        // vectors per row of the 32 banks
-  constexpr int PER_ROW = ROW > NV ? ROW / NV : 1;  // slabs per bank row
-  constexpr int MASK = (NV < ROW ? NV : ROW) - 1;
-  const auto staged = [](int s, int q) { return s * NV + (q ^ ((s / PER_ROW) & MASK)); };
+  constexpr int PADDED = SLAB + VEC;  // tokens per staged slab
+  constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
-  V* ds = xs + (bd + 1) * NV;
-  V* dxs = ds + (bd + 1) * NV;
+  V* ds = xs + bd * PV + NT;
+  V* dxs = ds + bd * PV + NT;
 
   A wv[K][1], bv[1];
   load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
@@ -190,30 +186,25 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
     if (STAGED >= 1) {
-      // The round's rows into shared memory, neighbouring threads copying neighbouring vectors (the
+      // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
-      // bandwidth on the H100), with cp.async, so all of a thread's copies are in flight at once
-      // (through registers, each store waited on its load: a quarter of the kernel's stall samples
-      // at 8 x 2048 x 1024, H100)
+      // bandwidth on the H100)
       const long long tb = base * SLAB;
-#pragma unroll
-      for (int q = 0; q <= NV; ++q) {  // vector i: staged slab i / NV (slab bd: the tail), vector i % NV
-        const int i = q * bd + (int)threadIdx.x;
-        if (q == NV && (int)threadIdx.x >= NT) break;
+      for (int i = threadIdx.x; i < bd * NV + NT; i += bd) {
         const long long t = tb + (long long)i * VEC;
-        V* xd = xs + staged(i / NV, i % NV);
-        V* dd = ds + staged(i / NV, i % NV);
-        if (t < S) {  // in the index type: a 64-bit division per vector was a sixth of the instructions
-          const I b = (I)t / (I)L, l = (I)t - b * (I)L;
-          async_copy<(int)sizeof(V)>(xd, x + b * (I)a.x_bs + (I)c * (I)a.x_cs + l);
-          async_copy<(int)sizeof(V)>(dd, dy + b * (I)a.dy_bs + (I)c * (I)a.dy_cs + l);
+        V xv, dv;
+        if (t < S) {
+          const long long b = t / L, l = t - b * L;
+          xv = load_ro(reinterpret_cast<const V*>(x + (I)b * (I)a.x_bs + (I)c * (I)a.x_cs + (I)l));
+          dv = load_ro(reinterpret_cast<const V*>(dy + (I)b * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)l));
         } else {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) xd->v[e] = dd->v[e] = cvt<T>(A(0));
+          for (int e = 0; e < VEC; ++e) xv.v[e] = dv.v[e] = cvt<T>(A(0));
         }
+        const int at = (i / NV) * PV + i % NV;  // vector i in the padded layout
+        xs[at] = xv;
+        ds[at] = dv;
       }
-      async_commit();
-      async_wait<0>();
       __syncthreads();
     }
     if (s < s_end) {
@@ -226,7 +217,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
       if (STAGED >= 1) {
 #pragma unroll
         for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
-          const int at = q < NV ? staged(threadIdx.x, q) : staged(threadIdx.x + 1, q - NV);
+          const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
           xv[q] = xs[at];
           dv[q] = ds[at];
         }
@@ -326,7 +317,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
             if (dr[(P + 1 + m) % K] == dr[first]) v = fma_(wv[K - 1 - m][0], gr[(P + 1 + m) % K], v);
           dxv[JU % VEC] = v;
           if (JU % VEC == VEC - 1 && STAGED == 2) {
-            store_vec(reinterpret_cast<T*>(dxs + staged(threadIdx.x, JU / VEC)), 0, dxv);
+            store_vec(reinterpret_cast<T*>(dxs + threadIdx.x * PV + JU / VEC), 0, dxv);
           } else if (JU % VEC == VEC - 1) {
             store_vec(dx, (I)ub * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)ul, dxv);
             ul += VEC;
@@ -359,13 +350,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
     __syncthreads();
     if (STAGED == 2) {  // the round's dx rows out, neighbouring threads writing neighbouring vectors
       const long long tb = base * SLAB, t_end = min_<long long>(S, s_end * SLAB);
-#pragma unroll
-      for (int q = 0; q < NV; ++q) {
-        const int i = q * bd + (int)threadIdx.x;
+      for (int i = threadIdx.x; i < bd * NV; i += bd) {
         const long long t = tb + (long long)i * VEC;
         if (t >= t_end) break;
-        const I b = (I)t / (I)L, l = (I)t - b * (I)L;
-        *reinterpret_cast<V*>(dx + b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l) = dxs[staged(i / NV, i % NV)];
+        const long long b = t / L, l = t - b * L;
+        *reinterpret_cast<V*>(dx + (I)b * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)l) = dxs[(i / NV) * PV + i % NV];
       }
     }
     for (int i = threadIdx.x; i < NB * n1; i += bd) {
