@@ -386,13 +386,14 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
                 # drift of the machine during the row reaches both sides of the ratio alike; so
                 # does the floor of our program's access pattern (--floor)
                 runs = [eager.prepare(plain_fns[ref]), timer.prepare(calls[call])]
-                if floor is not None and call in SAME_BYTES:
+                if floor is not None:
                     runs.append(timer.prepare(getattr(floor, call)))
                 plain[ref], times, *bare = timer.times(runs)
                 if floor is not None and call == floor_calls[-1]:
-                    # its y and dx go before the determinism check's copies (at 1048576 x 4096
-                    # they are 16 of the H100's 80 GB)
-                    floor = None
+                    # its y and dx (held by the floor and, timed without graphs, by its runs) go
+                    # before the determinism check's copies: at 1048576 x 4096 they are 16 of the
+                    # H100's 80 GiB, and the check does not fit beside them
+                    floor = runs = None
             else:
                 times = timer(calls[call])
             for name, t in [(impl, times)] + [("bare", t) for t in bare]:
