@@ -11,8 +11,9 @@ states, as the bench's token-major rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
