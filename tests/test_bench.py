@@ -378,11 +378,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 @pytest.mark.parametrize("files, columns", [
     (["h200.json", "--peers", "h200-fla.json"], ("vs torch_compile", "vs fla_triton")),
-    (["h100.json"], ("vs dao_cc1d", "bare µs | bare ratio")),
+    (["h100.json", "--peers", "h100-cc1d-det.json"], ("vs dao_cc1d", "vs dao_cc1d_det", "bare µs | bare ratio")),
 ])
 def test_the_committed_results_load_and_plot(files, columns, tmp_path):
     """The bench of record per GPU reports again from its JSON (the .md and .png are regenerated
-    this way, without a GPU)."""
+    this way, without a GPU), and the committed .md is that report."""
     args = [a if a.startswith("--") else str(RESULTS / a) for a in files]
     result = bench.main(["--from-json", *args, "--markdown", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")])
     ours = [r for r in result["rows"] if r["impl"] == "conv1d_silu"]
@@ -394,6 +394,7 @@ def test_the_committed_results_load_and_plot(files, columns, tmp_path):
     assert len(bench_report.figure(result).axes) == 2 * len({S for S, _ in shapes})
     text = (tmp_path / "r.md").read_text()
     assert "| 250340 | 384 | bwd |" in text and all(column in text for column in columns)
+    assert text == (RESULTS / files[0]).with_suffix(".md").read_text()
 
 
 def test_decode_mode_runs_the_step_and_reports_it(tmp_path):
