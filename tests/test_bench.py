@@ -501,3 +501,32 @@ def test_floor_rows_join_ours_in_the_same_turns(kernel_backend):
     assert [r.call for r in bare] == ["fwd", "bwd"]
     assert all(len(r.times_us) == 2 and r.same_run_ratio > 0 for r in bare)
     assert not any(s["baseline"] == "bare" for s in bench._speedups(rows))
+
+
+def test_a_bare_launch_is_held_to_the_routed_programs_ctas_per_sm(monkeypatch):
+    """Without the math a kernel needs fewer registers, so more of its CTAs would share an SM:
+    held_to gives the bare launch the least shared memory (in SMEM_STEP steps) that keeps it to the
+    routed launch's CTAs per SM, and leaves a launch that already keeps to them alone."""
+    from dataclasses import replace
+
+    from conv1d_silu import bench_floor, runtime
+    from conv1d_silu.runtime import DeviceLimits, Launch
+
+    smem_per_sm, reserved = 228 * 1024, 1024
+
+    class Occupancy(bench_floor.gpu.Launcher):
+        def max_active_blocks(self, launch, device):
+            by_regs = 16 if launch.kernel.endswith(", true>") else 4  # bare: 32 registers, routed: 128
+            return max(1, min(by_regs, smem_per_sm // (launch.smem + reserved)))
+
+    monkeypatch.setattr(runtime, "device_limits", lambda index: DeviceLimits(132, 1024, 48 * 1024, 227 * 1024))
+    routed = Launch("conv1d_silu_bwd", "conv1d_silu_bwd<x, false>", (264, 1, 1), 128, 20 * 1024, None)
+    bare = bench_floor.bare(routed)
+    launcher, device = Occupancy(), torch.device("cuda", 0)
+    held = bench_floor.held_to(bare, routed, launcher, device)
+    assert launcher.max_active_blocks(routed, device) == 4 and launcher.max_active_blocks(bare, device) == 10
+    assert launcher.max_active_blocks(held, device) == 4 and held.smem % bench_floor.SMEM_STEP == 0
+    less = replace(held, smem=held.smem - bench_floor.SMEM_STEP)
+    assert launcher.max_active_blocks(less, device) > 4
+    assert replace(held, smem=bare.smem) == bare
+    assert bench_floor.held_to(routed, routed, launcher, device) is routed
