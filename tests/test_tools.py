@@ -1,14 +1,17 @@
 """The maintained tools under tools/ run where they can without a GPU: the host profile on its
-no-op launcher, and the sanitizer's cases listed (their runs need compute-sanitizer and a GPU)."""
+no-op launcher, the sanitizer's cases listed (their runs need compute-sanitizer and a GPU), the
+kernel statistics compiled with NVRTC."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
+import torch
 from helpers import ROOT, load_module
 
-from conv1d_silu import routes
+from conv1d_silu import kernels, routes
 
 
 def test_host_profile_runs_on_the_cpu_with_its_no_op_launcher():
@@ -82,3 +85,23 @@ def test_profile_cases_name_their_shape_layout_and_program():
     assert profile.parse("bwd:250340:384:rowgroup_long_8b") == ("bwd", (250340, 384), 384, "BLC", "rowgroup_long_8b", True)
     assert profile.parse("bwd:8x2048:1024:bwd_bcl:nobias") == ("bwd", (8, 1024, 2048), 1024, "BCL", "bwd_bcl", False)
     assert profile.parse("add:8x2048:1024") == ("add", (8, 1024, 2048), 1024, "BCL", None, True)
+
+
+def test_kernel_stats_reports_registers_spills_and_the_instruction_mix(monkeypatch):
+    """tools/kernel_stats.py compiles an instance as the runtime does (NVRTC, its options) and reads
+    ptxas's registers and spills; a cuobjdump listing gives the opcodes, predicates aside."""
+    pytest.importorskip("cuda.bindings", reason="NVRTC comes with the test extra's cuda-bindings")
+    stats = load_module("tools/kernel_stats.py")
+    assert [stats.source_of(e) for e in ("conv1d_silu_fold<x>", "conv1d_silu_bwd_bcl<x>", "conv1d_silu_update<x>")] == [
+        "conv1d_silu_bwd", "conv1d_silu_bcl", "conv1d_silu_update"]
+    expr = kernels.name_expression("conv1d_silu_update", torch.float32, torch.float32, 4, True, True, False, False)
+    s = stats.stats(expr)
+    assert 0 < s["registers"] <= 255 and s["spill_bytes"] == 0 and s["ops"] is None
+    listing = "\n".join([
+        "        /*0040*/                   FFMA R3, R2, R4, R3 ;     /* 0x0000000402037223 */",
+        "        /*0050*/              @!P0 BRA 0x80 ;                /* 0x000000000000094d */",
+        "        /*0060*/              @P1  FFMA R5, R2, R4, R5 ;     /* 0x0000000402057223 */",
+        "   Function : _Z18conv1d_silu_update",
+    ])
+    ops = [m.group(1) for m in map(stats.SASS_LINE.match, listing.splitlines()) if m]
+    assert ops == ["FFMA", "BRA", "FFMA"]
