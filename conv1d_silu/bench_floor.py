@@ -43,7 +43,8 @@ def held_to(bare_launch: Launch, routed: Launch, launcher: gpu.Launcher, device:
     want = launcher.max_active_blocks(routed, device)
     if launcher.max_active_blocks(bare_launch, device) <= want:
         return bare_launch
-    lo, hi = bare_launch.smem, runtime.device_limits(runtime.device_index(device)).smem_optin // SMEM_STEP * SMEM_STEP
+    optin = runtime.device_limits(runtime.device_index(device)).smem_optin
+    lo, hi = bare_launch.smem, optin // SMEM_STEP * SMEM_STEP
     while hi - lo > SMEM_STEP:  # too many CTAs at lo, few enough at hi
         mid = (lo + hi) // 2 // SMEM_STEP * SMEM_STEP
         if launcher.max_active_blocks(replace(bare_launch, smem=mid), device) <= want:
@@ -81,7 +82,9 @@ def calls(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: 
         x, weight, has_bias, doc, False, True, weight.dtype, programs[1], x_stride, dy.stride(0),
         gpu.alignment(x, dy), 0, False, launcher,
     )
-    fwd, bwd = (launcher.prepare(held_to(bare(launch), launch, launcher, device), device) for launch in (fwd, bwd))
+    fwd, bwd = (
+        launcher.prepare(held_to(bare(launch), launch, launcher, device), device) for launch in (fwd, bwd)
+    )
     y, dx = torch.empty_like(x), torch.empty_like(x)
     workspace, tickets = gpu.backward_scratch(*scratch, device, False)
     w, b = gpu.dense(weight), gpu.dense(bias)

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import torch
+from helpers import load_module
 
 from conv1d_silu import kernels
 from conv1d_silu.documents import BATCH, CU_SEQLENS, SEQ_IDX, SINGLE
@@ -74,7 +75,9 @@ INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold",
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]
 # CuPy compiles with these on top of the runtime's own options.
-CUPY_OPTIONS = ["--device-as-default-execution-space", "-ftz=true"]
+# compiles as the runtime does: NVRTC, the runtime's options and CuPy's
+KERNEL_STATS = load_module("tools/kernel_stats.py")
+CUPY_OPTIONS = KERNEL_STATS.CUPY_OPTIONS
 
 
 def _nvrtc():
@@ -89,28 +92,6 @@ def _nvrtc():
 
 NVRTC, NVRTC_ARCHS = _nvrtc()
 NVCC = shutil.which("nvcc")
-
-
-def _compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, ...] = (), code: str = "") -> str:
-    from conv1d_silu.runtime import NVRTC_OPTIONS
-
-    code = (code or kernels.source(source)).encode()
-    err, prog = NVRTC.nvrtcCreateProgram(code, f"{source}.cu".encode(), 0, [], [])
-    for e in exprs:
-        NVRTC.nvrtcAddNameExpression(prog, e.encode())
-    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}", *extra)]
-    (err,) = NVRTC.nvrtcCompileProgram(prog, len(opts), opts)
-    _, size = NVRTC.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    NVRTC.nvrtcGetProgramLog(prog, log)
-    assert err == NVRTC.nvrtcResult.NVRTC_SUCCESS, f"{source} for {arch}:\n{log.decode(errors='replace')}"
-    for e in exprs:
-        err, lowered = NVRTC.nvrtcGetLoweredName(prog, e.encode())
-        assert err == NVRTC.nvrtcResult.NVRTC_SUCCESS and lowered, e
-    _, cubin_size = NVRTC.nvrtcGetCUBINSize(prog)
-    assert cubin_size > 0
-    NVRTC.nvrtcDestroyProgram(prog)
-    return log.decode(errors="replace")
 
 
 def _compile_nvcc(source: str, exprs: list[str], arch: str, tmp_path) -> None:
@@ -174,7 +155,7 @@ def test_kernels_compile(source, arch, tmp_path):
         exprs = exprs[:2]  # the full set on our GPU's arch; a representative pair elsewhere
     number = int(arch[3:].rstrip("a"))
     if NVRTC is not None and number in NVRTC_ARCHS:
-        _compile_nvrtc(source, exprs, arch)
+        KERNEL_STATS.compile_nvrtc(source, exprs, arch)
     elif NVCC is not None and arch != "sm_107a":
         _compile_nvcc(source, exprs, arch, tmp_path)
     else:
@@ -209,7 +190,7 @@ HOT = [
 def test_hot_kernels_fit_their_register_budget_without_spills(source, expr, max_regs):
     if NVRTC is None or 90 not in NVRTC_ARCHS:
         pytest.skip("needs NVRTC with sm_90")
-    log = _compile_nvrtc(source, [expr], "sm_90", ("--ptxas-options=-v",))
+    log, _ = KERNEL_STATS.compile_nvrtc(source, [expr], "sm_90", ("--ptxas-options=-v",))
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     assert regs and max(regs) <= max_regs, log
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log

@@ -38,39 +38,49 @@ def source_of(expr: str) -> str:
     )
 
 
-def compile_instance(expr: str, arch: str) -> tuple[str, bytes]:
-    """The ptxas log (``-v``) and the cubin of one instance."""
+def compile_nvrtc(source: str, exprs: list[str], arch: str, extra: tuple[str, ...] = ()) -> tuple[str, bytes]:
+    """The compiler log and the cubin of ``exprs``, instances of ``source``, as the runtime compiles
+    them; RuntimeError where NVRTC rejects them or leaves one uninstantiated."""
     from cuda.bindings import nvrtc
 
-    source = source_of(expr)
     err, prog = nvrtc.nvrtcCreateProgram(kernels.source(source).encode(), f"{source}.cu".encode(), 0, [], [])
-    nvrtc.nvrtcAddNameExpression(prog, expr.encode())
-    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}", "--ptxas-options=-v")]
+    for e in exprs:
+        nvrtc.nvrtcAddNameExpression(prog, e.encode())
+    opts = [o.encode() for o in (*NVRTC_OPTIONS, *CUPY_OPTIONS, f"-arch={arch}", *extra)]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size
     nvrtc.nvrtcGetProgramLog(prog, log)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{expr} for {arch}:\n{log.decode(errors='replace')}")
-    _, size = nvrtc.nvrtcGetCUBINSize(prog)
-    cubin = b" " * size
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    nvrtc.nvrtcDestroyProgram(prog)
+    try:
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"{source} for {arch}:\n{log.decode(errors='replace')}")
+        for e in exprs:
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, e.encode())
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or not lowered:
+                raise RuntimeError(f"{source} for {arch}: {e} was not instantiated")
+        _, size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        if not size:
+            raise RuntimeError(f"{source} for {arch}: an empty cubin")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
     return log.decode(errors="replace"), cubin
 
 
 def stats(expr: str, arch: str = "sm_90", cuobjdump: str | None = None) -> dict:
     """registers, spill stores / loads (bytes) and, with cuobjdump, the instruction count by opcode."""
-    log, cubin = compile_instance(expr, arch)
+    log, cubin = compile_nvrtc(source_of(expr), [expr], arch, ("--ptxas-options=-v",))
     regs = [int(v) for v in re.findall(r"Used (\d+) registers", log)]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    out = {"registers": max(regs), "spill_bytes": max((int(s) + int(l) for s, l in spills), default=0), "ops": None}
+    spilled = max((int(stores) + int(loads) for stores, loads in spills), default=0)
+    out = {"registers": max(regs), "spill_bytes": spilled, "ops": None}
     if cuobjdump:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "k.cubin"
             path.write_bytes(cubin)
-            sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-        out["ops"] = collections.Counter(m.group(1) for m in map(SASS_LINE.match, sass.splitlines()) if m)
+            sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True)
+        out["ops"] = collections.Counter(m.group(1) for m in map(SASS_LINE.match, sass.stdout.splitlines()) if m)
     return out
 
 
