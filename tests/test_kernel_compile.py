@@ -74,8 +74,8 @@ INSTANCES["conv1d_silu_bcl"] = [
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]
-# CuPy compiles with these on top of the runtime's own options.
-# compiles as the runtime does: NVRTC, the runtime's options and CuPy's
+# The kernels compile as the runtime compiles them: NVRTC with the runtime's options and the ones
+# CuPy adds (tools/kernel_stats.py holds both the options and the compile).
 KERNEL_STATS = load_module("tools/kernel_stats.py")
 CUPY_OPTIONS = KERNEL_STATS.CUPY_OPTIONS
 
