@@ -16,7 +16,7 @@ import math
 import torch
 
 from . import kernels
-from .documents import DocTable
+from .documents import BATCH, SINGLE, DocTable
 from .dtypes import accumulator_dtype
 from .gpu import (
     CUDA, FAN, SLAB, Launcher, alignment, backward_scratch, dense, final_states_out, fold_launch, gradient_outputs,
@@ -155,10 +155,13 @@ def backward_launches(
         tail = -(-(K - 1) // vec) * vec
         rows = 2 * (block * (SLAB + vec) + tail) + (staged == 2) * block * (SLAB + vec)
         smem = -(-smem // 16) * 16 + rows * itemsize
-    wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31
+    # token numbers run past S by up to a round and its tail vector
+    wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + block * (SLAB + 1) >= 2**31
+    # the simple walk: no document starts inside a slab (one row, or rows of whole slabs), no states
+    simple = staged == 3 and mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", staged,
+        "long long" if wide else "int", staged, simple,
     )
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,

@@ -172,6 +172,8 @@ template <> struct RoWord<4> { using type = unsigned int; };
 template <> struct RoWord<8> { using type = unsigned long long; };
 #ifndef CONV1D_SILU_EMULATE
 template <> struct RoWord<16> { using type = uint4; };
+#else
+template <> struct RoWord<16> { using type = Vec<unsigned int, 4>; };
 #endif
 template <typename T> C1S_FN T load_ro(const T* p) {
 #ifndef CONV1D_SILU_EMULATE
@@ -181,6 +183,21 @@ template <typename T> C1S_FN T load_ro(const T* p) {
 #else
   return *p;
 #endif
+}
+
+// A vector of VEC elements of T held as its raw bits, moved by one load or store of its width.
+template <typename T, int VEC> using Raw = typename RoWord<VEC * (int)sizeof(T)>::type;
+
+// Element j (a compile-time index once unrolled) of a vector held raw: a 16-bit element is one
+// shift or mask of its 32-bit word. Converting a Vec<T, VEC> element by element costs the copies
+// that pick each 16-bit half out first.
+template <typename A, typename T, typename R> C1S_FN A element(const R& raw, int j) {
+  if constexpr (IsHalf<T>::value && sizeof(R) >= 4) {
+    const unsigned int u = reinterpret_cast<const unsigned int*>(&raw)[j / 2];
+    return cvt<A>(T{(unsigned short)(j % 2 ? u >> 16 : u & 0xffffu)});
+  } else {
+    return cvt<A>(reinterpret_cast<const T*>(&raw)[j]);
+  }
 }
 
 // RO: global memory no kernel writes (load_ro); else any memory, shared included.

@@ -113,9 +113,16 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // nodes climb to it through a chain of running sums, one per level (a node's children in index
 // order, missing ones as +0, as the canonical tree adds them). conv1d_silu_fold folds the
 // workspace's nodes from there to the root.
+//
+// STAGED: 0 each thread loads its own slab; 1 a round's rows are staged in shared memory; 2 dx too,
+// on the way out; 3 as 1, each thread's staged vectors all in flight at once and moved as raw words.
+// SIMPLE (STAGED = 3): no document starts inside a slab and there are no states (one sequence, or
+// batch rows of whole slabs), so one bound per slab, its row's end, says which tokens are live, and
+// the walk keeps no document rings; held to 64 registers at 16-bit x and K <= 4, four CTAs per SM.
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int STAGED>
-__global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
+          bool SILU, typename I, int STAGED, bool SIMPLE>
+__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 1)
+    conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
   griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
   using A = typename Acc<T>::type;
@@ -124,6 +131,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
   constexpr int NT = (K - 1 + VEC - 1) / VEC;  // vectors of the K-1 tail tokens
   constexpr int MAX_LEVELS = 24;               // chain levels 2 .. top_level - 1
   static_assert(SLAB % VEC == 0, "vectors tile a slab");
+  static_assert(!SIMPLE || (STAGED == 3 && !HAS_INIT), "the simple walk reads staged raw rows, no states");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -158,6 +166,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
   V* ds = xs + bd * PV + NT;
   V* dxs = ds + bd * PV + NT;
+  using R = Raw<T, VEC>;  // the same layout, as raw words (STAGED = 3)
+  R* xs_raw = reinterpret_cast<R*>(xs);
+  R* ds_raw = reinterpret_cast<R*>(ds);
+  const T* __restrict__ xc = x + (I)c * (I)a.x_cs;  // channel c of batch row 0
+  const T* __restrict__ dyc = dy + (I)c * (I)a.dy_cs;
+  // a staging thread's next vector is bd vectors on: step_b rows and step_l tokens further
+  const I step_b = (I)(bd * VEC) / (I)L, step_l = (I)(bd * VEC) - step_b * (I)L;
 
   A wv[K][1], bv[1];
   load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
@@ -185,7 +200,38 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    if (STAGED >= 1) {
+    if (STAGED == 3) {
+      // the round's rows into shared memory: a thread's NV vectors of x and dy (vector i = thread +
+      // j bd), and the tail vector for the first NT threads, all loaded before any is stored; the
+      // first one's (row, token) by one division, the others by adding
+      I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
+      I b = t / (I)L, l = t - b * (I)L;
+      R xr[NV + 1], dr[NV + 1];
+#pragma unroll
+      for (int j = 0; j <= NV; ++j) {
+        xr[j] = dr[j] = R{};
+        if ((j < NV || (int)threadIdx.x < NT) && t < (I)S) {
+          xr[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
+          dr[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
+        }
+        t += (I)(bd * VEC);
+        b += step_b;
+        l += step_l;
+        if (l >= (I)L) {
+          l -= (I)L;
+          ++b;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j <= NV; ++j) {
+        if (j < NV || (int)threadIdx.x < NT) {
+          const int i = (int)threadIdx.x + j * bd;
+          xs_raw[(i / NV) * PV + i % NV] = xr[j];
+          ds_raw[(i / NV) * PV + i % NV] = dr[j];
+        }
+      }
+      __syncthreads();
+    } else if (STAGED >= 1) {
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100)
@@ -207,7 +253,49 @@ __global__ void __launch_bounds__(256) conv1d_silu_bwd_bcl(const __grid_constant
       }
       __syncthreads();
     }
-    if (s < s_end) {
+    if (SIMPLE && s < s_end) {
+      const I t0 = (I)(s * SLAB), b = t0 / (I)L, l = t0 - b * (I)L;
+      // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
+      const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
+      R xw[NV + NT], dw_[NV + NT];
+#pragma unroll
+      for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
+        const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
+        xw[q] = xs_raw[at];
+        dw_[q] = ds_raw[at];
+      }
+      A taps[K - 1];
+      taps_before<K, false, A, T, I>(xc + b * (I)a.x_bs, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, taps);
+      // x of token i of the slab (i < 0: the taps before it)
+      auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(xw[i / VEC], i % VEC); };
+      A g[SLAB + K - 1], dxv[VEC];
+      static_for<0, SLAB + K - 1>([&](auto jj) {
+        constexpr int J = decltype(jj)::value, U = J - (K - 1);
+        const A dval = element<A, T>(dw_[J / VEC], J % VEC);
+        if (SILU) {
+          A z = bv[0];
+#pragma unroll
+          for (int k = 0; k < K; ++k) z = fma_(wv[k][0], xat(U + k), z);
+          g[J] = dval * silu_grad(z, sigmoid(z));
+        } else {
+          g[J] = dval;
+        }
+        if (J < SLAB && J < lim) {  // a dead token's g (computed all the same) joins no partial
+#pragma unroll
+          for (int k = 0; k < K; ++k) acc[k] = fma_(g[J], xat(U + k), acc[k]);
+          if (HAS_BIAS) acc[NB - 1] += g[J];
+        }
+        if (U >= 0 && U < SLAB) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's row
+          A v = A(0);
+#pragma unroll
+          for (int m = 0; m < K; ++m)
+            if (U + m < lim) v = fma_(wv[K - 1 - m][0], g[U + m], v);
+          dxv[U % VEC] = v;
+          if (U % VEC == VEC - 1 && U < lim)  // lim is a multiple of VEC: a vector is live or dead
+            store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(U - (VEC - 1)), dxv);
+        }
+      });
+    } else if (s < s_end) {
       const long long t0 = s * SLAB;
       const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
       long long b = t0 / L, l = t0 - b * L;
