@@ -158,7 +158,7 @@ def backward_launches(
     # token numbers run past S by up to a round and its tail vector
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + block * (SLAB + 1) >= 2**31
     # the simple walk: no document starts inside a slab (one row, or rows of whole slabs), no states
-    simple = staged == 3 and mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
+    simple = staged == 1 and mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
         "long long" if wide else "int", staged, simple,

@@ -51,7 +51,7 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
-    staged: int = 0  # channel-first backward: a round's x and dy rows (1, 3: all loads in flight), and dx (2), pass through shared memory
+    staged: int = 0  # channel-first backward: a round's x and dy rows (1), and dx (2), pass through shared memory
 
     @property
     def cta_level(self) -> int:
@@ -200,7 +200,8 @@ PROGRAMS: dict[str, Program] = {
             "bwd_bcl",
             "bwd",
             "channel-first backward: each thread walks one slab of one channel, from a round of up to 256 "
-            "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds",
+            "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds. "
+            "Where no document starts inside a slab and there are no states, a walk without document rings",
             layout="BCL",
             staged=1,
         ),
@@ -213,15 +214,6 @@ PROGRAMS: dict[str, Program] = {
             "channel-first backward with staged loads and dx staged on the way out",
             layout="BCL",
             staged=2,
-            routed=False,
-        ),
-        Program(
-            "bwd_bcl_lean",
-            "bwd",
-            "channel-first backward as bwd_bcl, each thread's staged vectors loaded at once as raw words, and "
-            "a walk without document rings where no document starts inside a slab",
-            layout="BCL",
-            staged=3,
             routed=False,
         ),
         Program(

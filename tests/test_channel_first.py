@@ -235,7 +235,7 @@ def test_a_channel_first_backward_refuses_trailing_tokens(kernel_backend):
         ops.backward_impl(dy, x, w, None, doc, None, None, True, torch.float32, "bwd_bcl", trailing=trailing)
 
 
-@pytest.mark.parametrize("program", ["bwd_bcl_staged_dx", "bwd_bcl_direct", "bwd_bcl_lean"])
+@pytest.mark.parametrize("program", ["bwd_bcl_staged_dx", "bwd_bcl_direct"])
 def test_every_channel_first_backward_gives_the_same_bits(kernel_backend, program):
     """Staging a round's rows through shared memory changes who loads and stores what, not the math."""
     x, w, b, kw = _case(3, 5, 200, 4, torch.bfloat16, torch.float32, "seq_idx", "initial", True, kernel_backend.device)
@@ -254,7 +254,7 @@ def test_every_channel_first_backward_gives_the_same_bits(kernel_backend, progra
 def test_staged_rounds_fit_three_ctas_per_sm(dtype):
     """The staged backward's shared memory stays within three CTAs per SM at every dtype (fp64 with
     K = 8 at 256-slab rounds would exceed a CTA's limit)."""
-    for staged in (1, 2, 3):
+    for staged in (1, 2):
         for L in (4096, 1 << 20):
             launch, _, _ = gpu_bcl.backward_launches(
                 dtype, dtype, dtype, 8, 1, 64, L, (64 * L, L) * 3, 16, True, 0, True, True, 1, False, False, staged
@@ -272,7 +272,7 @@ def test_staged_rounds_fit_three_ctas_per_sm(dtype):
     ],
 )
 def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, dtype):
-    """bwd_bcl_lean walks one sequence, or rows of whole slabs without states, with one liveness bound
+    """The routed backward walks one sequence, or rows of whole slabs without states, with one liveness bound
     per slab; an infinite x at a row's last token must not reach the partials through the dead
     tokens after it (their g, 0, times its inf: NaN), as it does not in channel-last (without the
     activation a live token's g stays finite, so dweight is inf there, not NaN)."""
@@ -280,11 +280,11 @@ def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, dt
     x[-1, 0, -1] = float("inf")
     want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, kw, False, "weight")
     xx, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
-    y = causal_conv1d_silu(xx, wg, bg, activation=None, layout="BCL", program="bwd_bcl_lean")
+    y = causal_conv1d_silu(xx, wg, bg, activation=None, layout="BCL")
     gen = torch.Generator().manual_seed(1)
     (y * torch.randn(y.shape, generator=gen).to(y)).sum().backward()
     if kernel_backend.name == "emu":
-        assert any(launch.kernel.endswith(", 3, true>") for launch in ops._launcher.launches)
+        assert any(launch.kernel.endswith(", 1, true>") for launch in ops._launcher.launches)
     for name, got in (("dx", xx.grad), ("dw", wg.grad), ("db", bg.grad)):
         torch.testing.assert_close(got, want[name], rtol=0, atol=0, equal_nan=True, msg=name)
     assert not wg.grad.isnan().any() and wg.grad[0].isinf().any()

@@ -67,7 +67,7 @@ INSTANCES["conv1d_silu_bcl"] = [
     expr for i, a in enumerate(BCL) for expr in (
         kernels.name_expression("conv1d_silu_fwd_bcl", *a, 2),
         kernels.name_expression(
-            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], (3, 2, 1, 0)[i % 4],  # staged
+            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], (1, 2, 0)[i % 3],  # staged
             i == 0,  # the simple walk
         ),
     )
@@ -177,14 +177,14 @@ HOT = [
                                                 "int", rows, pipe_depth(4)), 64)
     for rows in (16, 32)
 ] + [
-    # the channel-first pair (16-byte vectors): the staged backward at what it compiles to now (two
-    # 256-thread CTAs per SM), its simple walk held to four
+    # the channel-first pair (16-byte vectors): the staged backward's document walk at what it
+    # compiles to now (two 256-thread CTAs per SM), its simple walk held to four
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
                                                 True, "int", 2), 64),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
                                                 True, "int", 1, False), 128),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
-                                                True, "int", 3, True), 64),
+                                                True, "int", 1, True), 64),
 ]
 
 

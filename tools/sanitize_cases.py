@@ -102,7 +102,7 @@ def channel_first_cases() -> int:
     strides of their own): 16-byte and 1-token accesses, states, padding, cu_seqlens, main_grad
     accumulation, a part above tree level 2 (1.2M tokens), rows of whole slabs without states (the
     simple walk), and mamba_ssm's dx written into a chunk; each by the routed backward and by
-    bwd_bcl_lean, against the same values in channel-last memory (bits)."""
+    bwd_bcl_staged_dx, against the same values in channel-last memory (bits)."""
     from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
 
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -138,7 +138,7 @@ def channel_first_cases() -> int:
             return [y, leaves[0].grad, *mg] + ([] if st is None else [st.grad])
 
         want = run(x.transpose(1, 2).contiguous().transpose(1, 2))
-        for program in (None, "bwd_bcl_lean"):
+        for program in (None, "bwd_bcl_staged_dx"):
             got = run(x, program)
             for name, g, r in zip(("y", "dx", "dweight", "dbias", "dinitial"), got, want):
                 assert torch.equal(g, r), f"channel-first {B}x{C}x{L} {dtype} {docs} {program}: {name}"

@@ -29,6 +29,19 @@ C1S_FN void taps_before(const T* __restrict__ xrow, const T* __restrict__ init, 
   }
 }
 
+// docs.begin at token l of batch row b: for batch rows without a table, the row is the document, so
+// no 64-bit division finds it.
+template <int MODE>
+C1S_FN int begin_in_row(Docs<MODE>& docs, const DocArgs& da, long long b, long long l, int cap) {
+  if constexpr (MODE == BATCH) {
+    docs.state = (int)b;
+    docs.next_start = (b + 1) * da.row_len;
+    return (int)min_<long long>(l, cap);
+  } else {
+    return docs.begin(da, b * da.row_len + l, cap);
+  }
+}
+
 }  // namespace c1s
 
 // Forward. A CTA walks one chunk of one channel row (b, c): VPT x blockDim vectors of VEC tokens,
@@ -48,10 +61,10 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
   const int C = (int)a.C, n_docs = (int)a.n_docs;
   const DocArgs da{a.table, a.S, L, n_docs};
 
-  const long long row = blockIdx.x / n_chunks;  // (b, c), c fastest
-  const long long chunk = blockIdx.x - row * n_chunks;
-  const long long b = row / C;
-  const int c = (int)(row - b * C);
+  // (b, c), c fastest, then the chunk: 32-bit arithmetic (the grid's size is)
+  const unsigned int row = blockIdx.x / (unsigned int)n_chunks, chunk = blockIdx.x - row * (unsigned int)n_chunks;
+  const unsigned int b = row / (unsigned int)C;
+  const int c = (int)(row - b * (unsigned int)C);
   const T* __restrict__ xrow = static_cast<const T*>(a.x) + (I)b * (I)a.x_bs + (I)c * (I)a.x_cs;
   T* __restrict__ yrow = static_cast<T*>(a.y) + (I)b * (I)a.y_bs + (I)c * (I)a.y_cs;
   A wv[K][1], bv[1];
@@ -59,13 +72,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const long long l0 = ((chunk * VPT + v) * blockDim.x + threadIdx.x) * VEC;
-    if (l0 >= L) break;
+    const I l0 = (I)(((chunk * VPT + v) * blockDim.x + threadIdx.x) * VEC);
+    if (l0 >= (I)L) break;
     A xv[VEC];
-    load_vec<true>(xrow, (I)l0, xv);
-    const long long t0 = b * L + l0;
+    load_vec<true>(xrow, l0, xv);
+    const long long t0 = (long long)b * L + l0;
     Docs<MODE> docs;
-    const int pos0 = docs.begin(da, t0, K - 1);
+    const int pos0 = begin_in_row(docs, da, b, l0, K - 1);
     // win[j]: token l0 - (K-1) + j; token e's taps are win[e .. e+K-1]
     A win[K - 1 + VEC];
     if (VEC >= K - 1 && pos0 == K - 1) {  // all K-1 taps are x, in the previous vector: one load
@@ -82,7 +95,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
     static_for<0, VEC>([&](auto ie) {
       constexpr int E = decltype(ie)::value;
       const long long t = t0 + E;
-      if (E > 0 && docs.next(da, t)) {  // a document starts at t: its initial state precedes it
+      // a document starts at t: its initial state precedes it (batch rows never start inside a
+      // vector: L is a multiple of VEC)
+      if (E > 0 && MODE != BATCH && docs.next(da, t)) {
 #pragma unroll
         for (int m = 0; m < K - 1; ++m)
           win[E + m] = HAS_INIT && docs.state < n_docs
@@ -115,10 +130,10 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // workspace's nodes from there to the root.
 //
 // STAGED: 0 each thread loads its own slab; 1 a round's rows are staged in shared memory; 2 dx too,
-// on the way out; 3 as 1, each thread's staged vectors all in flight at once and moved as raw words.
-// SIMPLE (STAGED = 3): no document starts inside a slab and there are no states (one sequence, or
-// batch rows of whole slabs), so one bound per slab, its row's end, says which tokens are live, and
-// the walk keeps no document rings; held to 64 registers at 16-bit x and K <= 4, four CTAs per SM.
+// on the way out. SIMPLE (STAGED = 1): no document starts inside a slab and there are no states
+// (one sequence, or batch rows of whole slabs), so one bound per slab, its row's end, says which
+// tokens are live and the walk keeps no document rings: 64 registers at 16-bit x and K <= 4 (four
+// CTAs per SM) against 104, 24 % fewer instructions (sm_90).
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
           bool SILU, typename I, int STAGED, bool SIMPLE>
 __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 1)
@@ -131,7 +146,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   constexpr int NT = (K - 1 + VEC - 1) / VEC;  // vectors of the K-1 tail tokens
   constexpr int MAX_LEVELS = 24;               // chain levels 2 .. top_level - 1
   static_assert(SLAB % VEC == 0, "vectors tile a slab");
-  static_assert(!SIMPLE || (STAGED == 3 && !HAS_INIT), "the simple walk reads staged raw rows, no states");
+  static_assert(!SIMPLE || (STAGED == 1 && !HAS_INIT), "the simple walk reads staged raw rows, no states");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -166,7 +181,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
   V* ds = xs + bd * PV + NT;
   V* dxs = ds + bd * PV + NT;
-  using R = Raw<T, VEC>;  // the same layout, as raw words (STAGED = 3)
+  using R = Raw<T, VEC>;  // the same layout, as raw words
   R* xs_raw = reinterpret_cast<R*>(xs);
   R* ds_raw = reinterpret_cast<R*>(ds);
   const T* __restrict__ xc = x + (I)c * (I)a.x_cs;  // channel c of batch row 0
@@ -200,10 +215,14 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    if (STAGED == 3) {
-      // the round's rows into shared memory: a thread's NV vectors of x and dy (vector i = thread +
-      // j bd), and the tail vector for the first NT threads, all loaded before any is stored; the
-      // first one's (row, token) by one division, the others by adding
+    if (STAGED >= 1) {
+      // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
+      // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
+      // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
+      // the tail vector for the first NT threads, all loaded before any is stored, moved as raw
+      // words (one vector in flight per thread, copied element by element, took 1.33-1.54x the
+      // time of the whole backward on the H100); the first one's (row, token) by one division,
+      // the others by adding
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
       I b = t / (I)L, l = t - b * (I)L;
       R xr[NV + 1], dr[NV + 1];
@@ -229,27 +248,6 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
           xs_raw[(i / NV) * PV + i % NV] = xr[j];
           ds_raw[(i / NV) * PV + i % NV] = dr[j];
         }
-      }
-      __syncthreads();
-    } else if (STAGED >= 1) {
-      // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
-      // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
-      // bandwidth on the H100)
-      const long long tb = base * SLAB;
-      for (int i = threadIdx.x; i < bd * NV + NT; i += bd) {
-        const long long t = tb + (long long)i * VEC;
-        V xv, dv;
-        if (t < S) {
-          const long long b = t / L, l = t - b * L;
-          xv = load_ro(reinterpret_cast<const V*>(x + (I)b * (I)a.x_bs + (I)c * (I)a.x_cs + (I)l));
-          dv = load_ro(reinterpret_cast<const V*>(dy + (I)b * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)l));
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) xv.v[e] = dv.v[e] = cvt<T>(A(0));
-        }
-        const int at = (i / NV) * PV + i % NV;  // vector i in the padded layout
-        xs[at] = xv;
-        ds[at] = dv;
       }
       __syncthreads();
     }
