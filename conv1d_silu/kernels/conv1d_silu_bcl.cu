@@ -220,9 +220,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
       // the tail vector for the first NT threads, all loaded before any is stored, moved as raw
-      // words (one vector in flight per thread, copied element by element, took 1.33-1.54x the
-      // time of the whole backward on the H100); the first one's (row, token) by one division,
-      // the others by adding
+      // words; the first one's (row, token) by one division, the others by adding (one vector in
+      // flight, two divisions and element-wise copies made ~100 instructions per vector)
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
       I b = t / (I)L, l = t - b * (I)L;
       R xr[NV + 1], dr[NV + 1];
