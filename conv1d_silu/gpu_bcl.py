@@ -27,7 +27,7 @@ from .runtime import Args, Launch
 FWD_BLOCK = 256  # threads of a forward CTA at most (fewer for short rows)
 FWD_VECTORS = 2  # vectors of VEC tokens per forward thread
 BWD_BLOCK = 256  # slabs per backward round at 16-bit x: four level-2 nodes
-BWD_STAGE_BYTES = 1 << 16  # shared memory of a round's staged rows at most: three CTAs per SM
+BWD_STAGE_BYTES = 1 << 16  # three rows of a round at most (two, x and dy, are staged): the rounds the H100 timed
 FWD_TENSORS = ("x", "w", "bias", "table", "init", "y", "final_states")
 BWD_TENSORS = ("x", "dy", "w", "bias", "table", "init", "dx", "dinit", "dw", "db", "workspace")
 
@@ -128,7 +128,7 @@ def top_level(root: int) -> int:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool, staged: int = 1,
+    has_table: bool, accumulate: bool,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
     workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
@@ -141,9 +141,8 @@ def backward_launches(
     # rounds of whole level-2 nodes (64 slabs), as many as the staged rows' bytes allow, no more than
     # the slabs there are
     node = FAN * FAN
-    cap = BWD_BLOCK
-    if staged:  # sized for three staged rows (x, dy, dx) at every staging, the rounds the H100 timed
-        cap = max(node, min(cap, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
+    # (256 slabs at 16-bit x, 128 at fp32, 64 at fp64)
+    cap = max(node, min(BWD_BLOCK, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
     block = min(cap, node * math.ceil(n_slabs / node))
     # a part is one round of level-2 nodes, or one node of the top level
     part_slabs = block if top == 2 else FAN**top
@@ -151,17 +150,16 @@ def backward_launches(
     ws_nodes = 0 if top == root else nodes[top]  # the CTAs' nodes, which the fold takes to the root
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
-    if staged:  # x and dy of a round (each slab and a padding vector, then the tail vectors), and dx
-        tail = -(-(K - 1) // vec) * vec
-        rows = 2 * (block * (SLAB + vec) + tail) + (staged == 2) * block * (SLAB + vec)
-        smem = -(-smem // 16) * 16 + rows * itemsize
+    # x and dy of a round: each slab and a padding vector, then the tail vectors
+    rows = 2 * (block * (SLAB + vec) + -(-(K - 1) // vec) * vec)
+    smem = -(-smem // 16) * 16 + rows * itemsize
     # token numbers run past S by up to a round and its tail vector
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + block * (SLAB + 1) >= 2**31
     # the simple walk: no document starts inside a slab (one row, or rows of whole slabs), no states
-    simple = staged == 1 and mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
+    simple = mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", staged, simple,
+        "long long" if wide else "int", simple,
     )
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,
@@ -191,11 +189,9 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
-    staged: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
-    dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward; ``staged``:
-    the program's :attr:`routes.Program.staged`."""
+    dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
     B, L, C = x.shape
     K = weight.shape[1]
     accumulate = weight_grad_out is not None
@@ -208,7 +204,6 @@ def backward(
     launch, fold, ws_elems = backward_launches(
         x.dtype, weight.dtype, dw.dtype, K, B, C, L, (*strides(x), *strides(dy), *strides(dx)), alignment(x, dy, dx),
         bias is not None, doc.mode, init is not None, silu, doc.num_docs or 0, doc.table is not None, accumulate,
-        staged,
     )
     workspace, _ = backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)

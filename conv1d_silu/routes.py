@@ -51,7 +51,6 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
-    staged: int = 0  # channel-first backward: a round's x and dy rows (1), and dx (2), pass through shared memory
 
     @property
     def cta_level(self) -> int:
@@ -203,25 +202,6 @@ PROGRAMS: dict[str, Program] = {
             "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds. "
             "Where no document starts inside a slab and there are no states, a walk without document rings",
             layout="BCL",
-            staged=1,
-        ),
-        # The two below are kept to time the routed program against (H100, bf16, K = 4, 16384-65536
-        # tokens, C 256-5120): loading its own slab (16 bytes at a 64-byte stride per warp instruction)
-        # costs 1.23-1.82x its time, staging dx as well 1.06-1.39x (the extra barrier per round).
-        Program(
-            "bwd_bcl_staged_dx",
-            "bwd",
-            "channel-first backward with staged loads and dx staged on the way out",
-            layout="BCL",
-            staged=2,
-            routed=False,
-        ),
-        Program(
-            "bwd_bcl_direct",
-            "bwd",
-            "channel-first backward, each thread loading its own slab and storing its own dx",
-            layout="BCL",
-            routed=False,
         ),
         Program(
             "rowgroup_sm",

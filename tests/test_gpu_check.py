@@ -83,7 +83,7 @@ def test_layouts_times_both_layouts_on_the_same_shapes(tmp_path):
     calls = [c for c in _calls(tmp_path, "layouts", LAYOUT_SHAPES="4096,8 8192,16") if "conv1d_silu.bench" in c]
     assert [c.split("--layout ")[1].split()[0] for c in calls] == ["BCL", "BLC"]
     assert all("--shapes 4096,8 8192,16 " in c and "--graph" in c for c in calls)
-    assert "--baseline-programs bwd_bcl_staged_dx bwd_bcl_direct" in calls[0] and "baseline-programs" not in calls[1]
+    assert not any("baseline-programs" in c for c in calls)
 
 
 def test_tests_compile_the_last_runs_instances_first(tmp_path):

@@ -67,8 +67,7 @@ INSTANCES["conv1d_silu_bcl"] = [
     expr for i, a in enumerate(BCL) for expr in (
         kernels.name_expression("conv1d_silu_fwd_bcl", *a, 2),
         kernels.name_expression(
-            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], (1, 2, 0)[i % 3],  # staged
-            i == 0,  # the simple walk
+            "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], i == 0,  # the simple walk
         ),
     )
 ]
@@ -182,9 +181,9 @@ HOT = [
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
                                                 True, "int", 2), 64),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
-                                                True, "int", 1, False), 128),
+                                                True, "int", False), 128),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
-                                                True, "int", 1, True), 64),
+                                                True, "int", True), 64),
 ]
 
 

@@ -129,13 +129,12 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // order, missing ones as +0, as the canonical tree adds them). conv1d_silu_fold folds the
 // workspace's nodes from there to the root.
 //
-// STAGED: 0 each thread loads its own slab; 1 a round's rows are staged in shared memory; 2 dx too,
-// on the way out. SIMPLE (STAGED = 1): no document starts inside a slab and there are no states
+// SIMPLE: no document starts inside a slab and there are no states
 // (one sequence, or batch rows of whole slabs), so one bound per slab, its row's end, says which
 // tokens are live and the walk keeps no document rings: 64 registers at 16-bit x and K <= 4 (four
 // CTAs per SM) against 104, 24 % fewer instructions (sm_90).
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, int STAGED, bool SIMPLE>
+          bool SILU, typename I, bool SIMPLE>
 __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 1)
     conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   constexpr int NT = (K - 1 + VEC - 1) / VEC;  // vectors of the K-1 tail tokens
   constexpr int MAX_LEVELS = 24;               // chain levels 2 .. top_level - 1
   static_assert(SLAB % VEC == 0, "vectors tile a slab");
-  static_assert(!SIMPLE || (STAGED == 1 && !HAS_INIT), "the simple walk reads staged raw rows, no states");
+  static_assert(!SIMPLE || !HAS_INIT, "the simple walk knows no states");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -172,15 +171,13 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   A* slot = reinterpret_cast<A*>(smem_raw);  // [NB][bd] slabs, then [NB][n1] and [NB][n2] nodes
   A* lv1 = slot + NB * bd;
   A* lv2 = lv1 + NB * n1;
-  // STAGED >= 1: a round's x and dy rows (bd slabs and the tail vectors) pass through shared memory,
-  // each slab followed by one vector of padding, so a warp's 16-byte reads of its slabs hit distinct
-  // banks; STAGED = 2: its dx rows too, on the way out
+  // A round's x and dy rows (bd slabs and the tail vectors) pass through shared memory, each slab
+  // followed by one vector of padding, so a warp's 16-byte reads of its slabs hit distinct banks.
   using V = Vec<T, VEC>;
   constexpr int PADDED = SLAB + VEC;  // tokens per staged slab
   constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
   V* ds = xs + bd * PV + NT;
-  V* dxs = ds + bd * PV + NT;
   using R = Raw<T, VEC>;  // the same layout, as raw words
   R* xs_raw = reinterpret_cast<R*>(xs);
   R* ds_raw = reinterpret_cast<R*>(ds);
@@ -215,7 +212,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    if (STAGED >= 1) {
+    {
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
@@ -299,30 +296,11 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows), kept
       // as loaded and converted at use: half the registers of converted 16-bit values
       V xv[NV + NT], dv[NV + NT];
-      if (STAGED >= 1) {
 #pragma unroll
-        for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
-          const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
-          xv[q] = xs[at];
-          dv[q] = ds[at];
-        }
-      } else {
-        long long bb = b, ll = l;
-#pragma unroll
-        for (int q = 0; q < NV + NT; ++q) {
-          if (t0 + q * VEC < S) {
-            xv[q] = load_ro(reinterpret_cast<const V*>(x + (I)bb * (I)a.x_bs + (I)c * (I)a.x_cs + (I)ll));
-            dv[q] = load_ro(reinterpret_cast<const V*>(dy + (I)bb * (I)a.dy_bs + (I)c * (I)a.dy_cs + (I)ll));
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) xv[q].v[e] = dv[q].v[e] = cvt<T>(A(0));
-          }
-          ll += VEC;
-          if (ll == L) {
-            ll = 0;
-            ++bb;
-          }
-        }
+      for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
+        const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
+        xv[q] = xs[at];
+        dv[q] = ds[at];
       }
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, t0, K - 1);
@@ -401,9 +379,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
           for (int m = 0; m < K; ++m)
             if (dr[(P + 1 + m) % K] == dr[first]) v = fma_(wv[K - 1 - m][0], gr[(P + 1 + m) % K], v);
           dxv[JU % VEC] = v;
-          if (JU % VEC == VEC - 1 && STAGED == 2) {
-            store_vec(reinterpret_cast<T*>(dxs + threadIdx.x * PV + JU / VEC), 0, dxv);
-          } else if (JU % VEC == VEC - 1) {
+          if (JU % VEC == VEC - 1) {
             store_vec(dx, (I)ub * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)ul, dxv);
             ul += VEC;
             if (ul == L) {
@@ -433,15 +409,6 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
 #pragma unroll
     for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
     __syncthreads();
-    if (STAGED == 2) {  // the round's dx rows out, neighbouring threads writing neighbouring vectors
-      const long long tb = base * SLAB, t_end = min_<long long>(S, s_end * SLAB);
-      for (int i = threadIdx.x; i < bd * NV; i += bd) {
-        const long long t = tb + (long long)i * VEC;
-        if (t >= t_end) break;
-        const long long b = t / L, l = t - b * L;
-        *reinterpret_cast<V*>(dx + (I)b * (I)a.dx_bs + (I)c * (I)a.dx_cs + (I)l) = dxs[(i / NV) * PV + i % NV];
-      }
-    }
     for (int i = threadIdx.x; i < NB * n1; i += bd) {
       const int k = i / n1, n = i - k * n1;
       A v = slot[k * bd + n * FAN];
