@@ -27,6 +27,7 @@ CASES = [
     (2, 3, 13, 4, torch.bfloat16, torch.bfloat16, "none", "initial", True, True, "weight"),  # 1 token per access
     (2, 2, 24, 5, torch.float64, torch.float64, "seq_idx", "initial", True, True, "weight"),
     (4, 2, 640, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # 80 slabs: 2 rounds
+    (40, 2, 48, 4, torch.bfloat16, torch.float32, "none", "both", True, True, "weight"),  # a round spans 40 rows
 ]
 
 
@@ -253,6 +254,7 @@ def test_staged_rounds_fit_three_ctas_per_sm(dtype):
         (3, 2, 96, torch.float16),  # rows of whole slabs: tails cross into the next row
         (2, 2, 640, torch.bfloat16),  # several rounds
         (1, 2, 2051, torch.float32),  # 1-token accesses, a round's tail vector past S
+        (24, 2, 64, torch.bfloat16),  # a staging thread's vectors 16 rows apart
     ],
 )
 def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, dtype):
