@@ -29,6 +29,18 @@ C1S_FN void taps_before(const T* __restrict__ xrow, const T* __restrict__ init, 
   }
 }
 
+// A walking thread's staged vectors of x and dy: its slab's NV, then its tail's (the next slab's
+// first, or those staged after the round's last slab), in rows of PV vectors.
+template <int NV, int PV, typename W, int N>
+C1S_FN void staged_vectors(const W* xs, const W* ds, W (&xv)[N], W (&dv)[N]) {
+#pragma unroll
+  for (int q = 0; q < N; ++q) {
+    const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
+    xv[q] = xs[at];
+    dv[q] = ds[at];
+  }
+}
+
 // docs.begin at token l of batch row b: for batch rows without a table, the row is the document, so
 // no 64-bit division finds it.
 template <int MODE>
@@ -262,12 +274,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
       const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
       R xw[NV + NT], dw_[NV + NT];
-#pragma unroll
-      for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
-        const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
-        xw[q] = xs_raw[at];
-        dw_[q] = ds_raw[at];
-      }
+      staged_vectors<NV, PV>(xs_raw, ds_raw, xw, dw_);
       A taps[K - 1];
       taps_before<K, false, A, T, I>(xc + b * (I)a.x_bs, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, taps);
       // x of token i of the slab (i < 0: the taps before it)
@@ -306,12 +313,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows), kept
       // as loaded and converted at use: half the registers of converted 16-bit values
       V xv[NV + NT], dv[NV + NT];
-#pragma unroll
-      for (int q = 0; q < NV + NT; ++q) {  // tail vectors: the next slab's first, or staged after the last
-        const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
-        xv[q] = xs[at];
-        dv[q] = ds[at];
-      }
+      staged_vectors<NV, PV>(xs, ds, xv, dv);
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, t0, K - 1);
       // Rings over the last K tokens, as the channel-last walk keeps them: the token stepped at
