@@ -195,11 +195,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   R* ds_raw = reinterpret_cast<R*>(ds);
   const T* __restrict__ xc = x + (I)c * (I)a.x_cs;  // channel c of batch row 0
   const T* __restrict__ dyc = dy + (I)c * (I)a.dy_cs;
-  // a staging thread's next vector is bd vectors on: step_b rows and step_l tokens further, its
-  // pointers step_x / step_dy elements (and x_bs - L / dy_bs - L more where its token wraps a row)
+  // a staging thread's next vector is bd vectors on: step_b rows and step_l tokens further
   const I step_b = (I)(bd * VEC) / (I)L, step_l = (I)(bd * VEC) - step_b * (I)L;
-  const I step_x = step_b * (I)a.x_bs + step_l, step_dy = step_b * (I)a.dy_bs + step_l;
-  const I wrap_x = (I)a.x_bs - (I)L, wrap_dy = (I)a.dy_bs - (I)L;
 
   A wv[K][1], bv[1];
   load_weights<A, TW, K, 1, HAS_BIAS>(w, bias, c, wv, bv);
@@ -232,39 +229,32 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
       // the tail vector for the first NT threads, all loaded before any is stored, moved as raw
-      // words; the first one's (row, token) by one division, the others' pointers by adding, out of
-      // the loads' branches so that a load is one predicated instruction (one vector in flight, two
-      // divisions and element-wise copies made ~100 instructions per vector; per-vector addresses
-      // inside the branches, ~40)
+      // words; the first one's (row, token) by one division, the others by adding (one vector in
+      // flight, two divisions and element-wise copies made ~100 instructions per vector)
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
-      I l = t % (I)L;
-      const T* px = xc + (t / (I)L) * (I)a.x_bs + l;
-      const T* pd = dyc + (t / (I)L) * (I)a.dy_bs + l;
+      I b = t / (I)L, l = t - b * (I)L;
       R xr[NV + 1], dr[NV + 1];
 #pragma unroll
       for (int j = 0; j <= NV; ++j) {
         xr[j] = dr[j] = R{};
         if ((j < NV || (int)threadIdx.x < NT) && t < (I)S) {
-          xr[j] = load_ro(reinterpret_cast<const R*>(px));
-          dr[j] = load_ro(reinterpret_cast<const R*>(pd));
+          xr[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
+          dr[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
         }
         t += (I)(bd * VEC);
+        b += step_b;
         l += step_l;
-        px += step_x;
-        pd += step_dy;
         if (l >= (I)L) {
           l -= (I)L;
-          px += wrap_x;
-          pd += wrap_dy;
+          ++b;
         }
       }
-      // vector i = thread + j bd sits at (i / NV) PV + i % NV; bd is a multiple of NV
-      const int at0 = (int)threadIdx.x / NV * PV + (int)threadIdx.x % NV, at_step = bd / NV * PV;
 #pragma unroll
       for (int j = 0; j <= NV; ++j) {
         if (j < NV || (int)threadIdx.x < NT) {
-          xs_raw[at0 + j * at_step] = xr[j];
-          ds_raw[at0 + j * at_step] = dr[j];
+          const int i = (int)threadIdx.x + j * bd;
+          xs_raw[(i / NV) * PV + i % NV] = xr[j];
+          ds_raw[(i / NV) * PV + i % NV] = dr[j];
         }
       }
       __syncthreads();
