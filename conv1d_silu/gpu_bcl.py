@@ -26,8 +26,7 @@ from .runtime import Args, Launch
 
 FWD_BLOCK = 256  # threads of a forward CTA at most (fewer for short rows)
 FWD_VECTORS = 2  # vectors of VEC tokens per forward thread
-BWD_BLOCK = 256  # slabs per backward round at 16-bit x: four level-2 nodes
-BWD_STAGE_BYTES = 1 << 16  # three rows of a round at most (two, x and dy, are staged): the rounds the H100 timed
+BWD_ROUND_SLABS = {2: 256, 4: 128, 8: 64}  # slabs per backward round by x's itemsize: the rounds the H100 timed
 FWD_TENSORS = ("x", "w", "bias", "table", "init", "y", "final_states")
 BWD_TENSORS = ("x", "dy", "w", "bias", "table", "init", "dx", "dinit", "dw", "db", "workspace")
 
@@ -138,12 +137,9 @@ def backward_launches(
     root, nodes = tree_shape(S)
     top = top_level(root)
     n_slabs = nodes[0]
-    # rounds of whole level-2 nodes (64 slabs), as many as the staged rows' bytes allow, no more than
-    # the slabs there are
+    # rounds of whole level-2 nodes (64 slabs), no more than the slabs there are
     node = FAN * FAN
-    # (256 slabs at 16-bit x, 128 at fp32, 64 at fp64)
-    cap = max(node, min(BWD_BLOCK, BWD_STAGE_BYTES // (3 * (SLAB + 8) * itemsize) // node * node))
-    block = min(cap, node * math.ceil(n_slabs / node))
+    block = min(BWD_ROUND_SLABS[itemsize], node * math.ceil(n_slabs / node))
     # a part is one round of level-2 nodes, or one node of the top level
     part_slabs = block if top == 2 else FAN**top
     n_parts = math.ceil(n_slabs / part_slabs)
@@ -153,8 +149,9 @@ def backward_launches(
     # x and dy of a round: each slab and a padding vector, then the tail vectors
     rows = 2 * (block * (SLAB + vec) + -(-(K - 1) // vec) * vec)
     smem = -(-smem // 16) * 16 + rows * itemsize
-    # token numbers run past S by up to a round and its tail vector
-    wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + block * (SLAB + 1) >= 2**31
+    # a staging thread's token numbers run past S by less than a round and two sweeps of the CTA's
+    # vectors: less than two rounds
+    wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + 2 * block * SLAB >= 2**31
     # the simple walk: no document starts inside a slab (one row, or rows of whole slabs), no states
     simple = mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
     kernel = kernels.name_expression(

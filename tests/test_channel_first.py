@@ -26,8 +26,13 @@ CASES = [
     (2, 3, 36, 8, torch.float32, torch.float32, "none", "both", True, True, "weight"),  # L % 8 != 0
     (2, 3, 13, 4, torch.bfloat16, torch.bfloat16, "none", "initial", True, True, "weight"),  # 1 token per access
     (2, 2, 24, 5, torch.float64, torch.float64, "seq_idx", "initial", True, True, "weight"),
-    (4, 2, 640, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # 80 slabs: 2 rounds
+    (4, 2, 640, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # 80 slabs in a round of 128
     (40, 2, 48, 4, torch.bfloat16, torch.float32, "none", "both", True, True, "weight"),  # a round spans 40 rows
+    (3, 2, 40, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # slabs straddle rows
+    (3, 2, 96, 4, torch.bfloat16, torch.float32, "none", "final", True, True, "weight"),  # simple, final states
+    # two parts per channel: part 0's tail vector is row 3's, reached by thread 0's last wrap
+    (4, 2, 2712, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),
+    (4, 2, 2720, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # the same, simple
 ]
 
 
@@ -102,6 +107,10 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
     first = _run(x, w, b, kw, silu, grads)
     if kernel_backend.name == "emu":
         assert set(_launched(kernel_backend)) <= {"conv1d_silu_fwd_bcl", "conv1d_silu_bwd_bcl", "conv1d_silu_fold"}
+        # the simple walk exactly where no document starts inside a slab and there are no initial states
+        simple = docs == "none" and states in ("none", "final") and (B == 1 or L % 32 == 0)
+        backward = [lau.kernel for lau in ops._launcher.launches if lau.kernel.startswith("conv1d_silu_bwd_bcl<")]
+        assert backward and all(k.endswith(f", {str(simple).lower()}>") for k in backward)
     x_last = x.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, channel-last memory
     last = _run(x_last, w, b, kw, silu, grads)
     for name, got in first.items():
@@ -248,21 +257,24 @@ def test_staged_rounds_fit_three_ctas_per_sm(dtype):
 
 
 @pytest.mark.parametrize(
-    "B,C,L,dtype",
+    "B,C,L,K,dtype",
     [
-        (1, 3, 100, torch.bfloat16),  # one row, its last slab 4 tokens long
-        (3, 2, 96, torch.float16),  # rows of whole slabs: tails cross into the next row
-        (2, 2, 640, torch.bfloat16),  # several rounds
-        (1, 2, 2051, torch.float32),  # 1-token accesses, a round's tail vector past S
-        (24, 2, 64, torch.bfloat16),  # a staging thread's vectors 16 rows apart
+        (1, 3, 100, 4, torch.bfloat16),  # one row, its last slab 4 tokens long
+        (3, 2, 96, 4, torch.float16),  # rows of whole slabs: tails cross into the next row
+        (2, 2, 640, 4, torch.bfloat16),  # rows of whole slabs, 40 slabs
+        (1, 2, 2051, 4, torch.float32),  # 1-token accesses, a round's tail vector past S
+        (24, 2, 64, 4, torch.bfloat16),  # a staging thread's vectors 8 rows apart
+        (3, 2, 96, 8, torch.float32),  # two tail vectors
+        (1, 3, 100, 2, torch.bfloat16),
+        (2, 2, 64, 6, torch.bfloat16),
     ],
 )
-def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, dtype):
+def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, K, dtype):
     """The routed backward walks one sequence, or rows of whole slabs without states, with one liveness bound
     per slab; an infinite x at a row's last token must not reach the partials through the dead
     tokens after it (their g, 0, times its inf: NaN), as it does not in channel-last (without the
     activation a live token's g stays finite, so dweight is inf there, not NaN)."""
-    x, w, b, kw = _case(B, C, L, 4, dtype, torch.float32, "none", "none", True, kernel_backend.device)
+    x, w, b, kw = _case(B, C, L, K, dtype, torch.float32, "none", "none", True, kernel_backend.device)
     x[-1, 0, -1] = float("inf")
     want = _run(x.transpose(1, 2).contiguous().transpose(1, 2), w, b, kw, False, "weight")
     xx, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))

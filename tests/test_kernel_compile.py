@@ -70,7 +70,7 @@ INSTANCES["conv1d_silu_bcl"] = [
             "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], i == 0,  # the simple walk
         ),
     )
-]
+] + [kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, f32, 4, 8, True, BATCH, False, True, "long long", True)]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]
@@ -176,12 +176,14 @@ HOT = [
                                                 "int", rows, pipe_depth(4)), 64)
     for rows in (16, 32)
 ] + [
-    # the channel-first pair (16-byte vectors): the staged backward's document walk at what it
-    # compiles to now (two 256-thread CTAs per SM), its simple walk held to four
+    # channel-first (16-byte vectors): the forward; the backward's document walk (two 256-thread CTAs
+    # per SM), its simple walk held to four, and with 64-bit offsets, not held, without spills
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_fwd_bcl", bf16, bf16, 4, 8, True, SINGLE, False, False,
                                                 True, "int", 2), 64),
-    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SINGLE, False,
+    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, SEQ_IDX, False,
                                                 True, "int", False), 128),
+    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
+                                                True, "long long", True), 128),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
                                                 True, "int", True), 64),
 ]

@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
   const int C = (int)a.C, n_docs = (int)a.n_docs;
   const DocArgs da{a.table, a.S, L, n_docs};
 
-  // (b, c), c fastest, then the chunk: 32-bit arithmetic (the grid's size is)
+  // (b, c), c fastest, then the chunk, in 32-bit arithmetic (the grid's size bounds them); token
+  // offsets in I
   const unsigned int row = blockIdx.x / (unsigned int)n_chunks, chunk = blockIdx.x - row * (unsigned int)n_chunks;
   const unsigned int b = row / (unsigned int)C;
   const int c = (int)(row - b * (unsigned int)C);
@@ -84,7 +85,8 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 
 #pragma unroll
   for (int v = 0; v < VPT; ++v) {
-    const I l0 = (I)(((chunk * VPT + v) * blockDim.x + threadIdx.x) * VEC);
+    const unsigned int vi = (chunk * VPT + v) * blockDim.x + threadIdx.x;  // the vector's index in the row
+    const I l0 = sizeof(I) == 4 ? (I)(vi * VEC) : (I)vi * VEC;  // with 64-bit offsets, rows past 2^32 tokens
     if (l0 >= (I)L) break;
     A xv[VEC];
     load_vec<true>(xrow, l0, xv);
@@ -141,13 +143,13 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // order, missing ones as +0, as the canonical tree adds them). conv1d_silu_fold folds the
 // workspace's nodes from there to the root.
 //
-// SIMPLE: no document starts inside a slab and there are no states
-// (one sequence, or batch rows of whole slabs), so one bound per slab, its row's end, says which
-// tokens are live and the walk keeps no document rings: 64 registers at 16-bit x and K <= 4 (four
-// CTAs per SM) against 104, 24 % fewer instructions (sm_90).
+// SIMPLE: no document starts inside a slab and there are no states (one sequence, or batch rows of
+// whole slabs), so one bound per slab, its row's end, says which tokens are live and the walk keeps
+// no document rings. With 16-byte vectors of 16-bit x, 32-bit offsets and K <= 4 it is held to 64
+// registers, four CTAs per SM, without spilling (other forms spill under that bound).
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
           bool SILU, typename I, bool SIMPLE>
-__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 1)
+__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? 4 : 1)
     conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
   griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
@@ -157,7 +159,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
   constexpr int NT = (K - 1 + VEC - 1) / VEC;  // vectors of the K-1 tail tokens
   constexpr int MAX_LEVELS = 24;               // chain levels 2 .. top_level - 1
   static_assert(SLAB % VEC == 0, "vectors tile a slab");
-  static_assert(!SIMPLE || !HAS_INIT, "the simple walk knows no states");
+  static_assert(!SIMPLE || (!HAS_INIT && (MODE == SINGLE || MODE == BATCH)),
+                "the simple walk knows no states or document tables");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -228,18 +231,18 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
-      // the tail vector for the first NT threads, all loaded before any is stored, moved as raw
-      // words; the first one's (row, token) by one division, the others by adding (one vector in
-      // flight, two divisions and element-wise copies made ~100 instructions per vector)
+      // the tail vector for the first NT threads, all loaded before any is stored so that they are
+      // in flight together, moved as raw words (no element-wise copies); the first one's (row,
+      // token) by one division, the others by adding
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
       I b = t / (I)L, l = t - b * (I)L;
-      R xr[NV + 1], dr[NV + 1];
+      R x_raw[NV + 1], dy_raw[NV + 1];
 #pragma unroll
       for (int j = 0; j <= NV; ++j) {
-        xr[j] = dr[j] = R{};
+        x_raw[j] = dy_raw[j] = R{};
         if ((j < NV || (int)threadIdx.x < NT) && t < (I)S) {
-          xr[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
-          dr[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
+          x_raw[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
+          dy_raw[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
         }
         t += (I)(bd * VEC);
         b += step_b;
@@ -253,8 +256,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       for (int j = 0; j <= NV; ++j) {
         if (j < NV || (int)threadIdx.x < NT) {
           const int i = (int)threadIdx.x + j * bd;
-          xs_raw[(i / NV) * PV + i % NV] = xr[j];
-          ds_raw[(i / NV) * PV + i % NV] = dr[j];
+          xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+          ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
         }
       }
       __syncthreads();
@@ -263,16 +266,16 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && K <= 4 ? 4 : 
       const I t0 = (I)(s * SLAB), b = t0 / (I)L, l = t0 - b * (I)L;
       // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
       const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
-      R xw[NV + NT], dw_[NV + NT];
-      staged_vectors<NV, PV>(xs_raw, ds_raw, xw, dw_);
+      R x_words[NV + NT], dy_words[NV + NT];
+      staged_vectors<NV, PV>(xs_raw, ds_raw, x_words, dy_words);
       A taps[K - 1];
       taps_before<K, false, A, T, I>(xc + b * (I)a.x_bs, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, taps);
       // x of token i of the slab (i < 0: the taps before it)
-      auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(xw[i / VEC], i % VEC); };
+      auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
       A g[SLAB + K - 1], dxv[VEC];
       static_for<0, SLAB + K - 1>([&](auto jj) {
         constexpr int J = decltype(jj)::value, U = J - (K - 1);
-        const A dval = element<A, T>(dw_[J / VEC], J % VEC);
+        const A dval = element<A, T>(dy_words[J / VEC], J % VEC);
         if (SILU) {
           A z = bv[0];
 #pragma unroll
