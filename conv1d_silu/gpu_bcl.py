@@ -127,11 +127,10 @@ def top_level(root: int) -> int:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool, round_slabs: int = 0,
+    has_table: bool, accumulate: bool,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
-    workspace's element count; spans: the (batch, channel) strides of x, dy and dx; round_slabs: slabs
-    per round (a multiple of 64; 0: BWD_ROUND_SLABS by x's itemsize)."""
+    workspace's element count; spans: the (batch, channel) strides of x, dy and dx."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, L, spans, align)
     S = B * L
@@ -140,7 +139,7 @@ def backward_launches(
     n_slabs = nodes[0]
     # rounds of whole level-2 nodes (64 slabs), no more than the slabs there are
     node = FAN * FAN
-    block = min(round_slabs or BWD_ROUND_SLABS[itemsize], node * math.ceil(n_slabs / node))
+    block = min(BWD_ROUND_SLABS[itemsize], node * math.ceil(n_slabs / node))
     # a part is one round of level-2 nodes, or one node of the top level
     part_slabs = block if top == 2 else FAN**top
     n_parts = math.ceil(n_slabs / part_slabs)
@@ -187,7 +186,6 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
-    round_slabs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
     dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
@@ -203,7 +201,6 @@ def backward(
     launch, fold, ws_elems = backward_launches(
         x.dtype, weight.dtype, dw.dtype, K, B, C, L, (*strides(x), *strides(dy), *strides(dx)), alignment(x, dy, dx),
         bias is not None, doc.mode, init is not None, silu, doc.num_docs or 0, doc.table is not None, accumulate,
-        round_slabs,
     )
     workspace, _ = backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)

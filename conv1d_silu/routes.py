@@ -51,7 +51,6 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
-    round_slabs: int = 0  # channel-first backward: slabs per round, one per thread (0: gpu_bcl's default by dtype)
 
     @property
     def cta_level(self) -> int:
@@ -203,24 +202,6 @@ PROGRAMS: dict[str, Program] = {
             "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds. "
             "Where no document starts inside a slab and there are no states, a walk without document rings",
             layout="BCL",
-        ),
-        # Smaller rounds are more CTAs of fewer threads per SM (the same 64 registers a thread): each
-        # CTA's staging, walk and fold run out of step with the others', so one loads while another walks.
-        Program(
-            "bwd_bcl_r64",
-            "bwd",
-            "channel-first backward in rounds of 64 slabs (64-thread CTAs)",
-            layout="BCL",
-            round_slabs=64,
-            routed=False,
-        ),
-        Program(
-            "bwd_bcl_r128",
-            "bwd",
-            "channel-first backward in rounds of 128 slabs (128-thread CTAs)",
-            layout="BCL",
-            round_slabs=128,
-            routed=False,
         ),
         Program(
             "rowgroup_sm",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conv1d_silu import causal_conv1d_silu, gpu_bcl, ops, routes
+from conv1d_silu import causal_conv1d_silu, gpu_bcl, ops
 from conv1d_silu.compat import causal_conv1d_fn
 from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
 
@@ -122,26 +122,6 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
     # the outputs take x's layout: empty_like of a chunk is contiguous channel-first memory
     assert first["y"].is_contiguous() and first["dx"].is_contiguous()
     assert last["y"].stride(1) == 1 and last["dx"].stride(1) == 1
-
-
-@pytest.mark.parametrize("program", ["bwd_bcl_r64", "bwd_bcl_r128"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
-def test_every_round_size_gives_the_same_bits(kernel_backend, case, program):
-    """The channel-first backward programs differ in slabs per round (CTA threads) only: their
-    rounds fold into the same tree nodes, so every gradient has the routed program's bits."""
-    B, C, L, K, dtype, wdtype, docs, states, bias, silu, grads = case
-    x, w, b, kw = _case(B, C, L, K, dtype, wdtype, docs, states, bias, kernel_backend.device)
-    want = _run(x, w, b, kw, silu, grads)
-    got = _run(x, w, b, {**kw, "program": program}, silu, grads)
-    if kernel_backend.name == "emu":
-        launch = next(lau for lau in reversed(ops._launcher.launches) if "bwd_bcl" in lau.kernel)
-        slabs = -(-B * L // 32)
-        assert launch.block == min(routes.PROGRAMS[program].round_slabs, 64 * -(-slabs // 64))
-    for name, value in want.items():
-        if value is None:
-            assert got[name] is None, name
-        else:
-            assert torch.equal(got[name], value), name
 
 
 def test_channel_first_reads_x_in_place(kernel_backend):
