@@ -146,8 +146,8 @@ def backward_launches(
     ws_nodes = 0 if top == root else nodes[top]  # the CTAs' nodes, which the fold takes to the root
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
-    # x and dy of a round: its slabs, then the tail vectors
-    rows = 2 * (block * SLAB + -(-(K - 1) // vec) * vec)
+    # x and dy of a round: each slab and a padding vector, then the tail vectors
+    rows = 2 * (block * (SLAB + vec) + -(-(K - 1) // vec) * vec)
     smem = -(-smem // 16) * 16 + rows * itemsize
     # a staging thread's token numbers run past S by less than a round and two sweeps of the CTA's
     # vectors: less than two rounds

@@ -29,23 +29,13 @@ C1S_FN void taps_before(const T* __restrict__ xrow, const T* __restrict__ init, 
   }
 }
 
-// Where vector q of staged slab i sits: slabs lie unpadded, each one's vectors permuted by an XOR of
-// its index, so that 16-byte accesses of eight lanes to the same vector of eight neighbouring slabs
-// (the walk reading its slab, lane i slab i) fall in distinct banks, as they would with a padding
-// vector after each slab, without the padding's shared memory (a quarter of the slabs' own).
-template <int NV>
-C1S_FN int staged_slot(int i, int q) {
-  constexpr int SHIFT = NV >= 8 ? 0 : NV == 4 ? 1 : 2, MASK = (NV < 8 ? NV : 8) - 1;
-  return i * NV + (q ^ ((i >> SHIFT) & MASK));
-}
-
 // A walking thread's staged vectors of x and dy: its slab's NV, then its tail's (the next slab's
-// first, or those staged after the round's last slab).
-template <int NV, typename W, int N>
+// first, or those staged after the round's last slab), in rows of PV vectors.
+template <int NV, int PV, typename W, int N>
 C1S_FN void staged_vectors(const W* xs, const W* ds, W (&xv)[N], W (&dv)[N]) {
 #pragma unroll
   for (int q = 0; q < N; ++q) {
-    const int at = q < NV ? staged_slot<NV>(threadIdx.x, q) : staged_slot<NV>(threadIdx.x + 1, q - NV);
+    const int at = q < NV ? threadIdx.x * PV + q : (threadIdx.x + 1) * PV + q - NV;
     xv[q] = xs[at];
     dv[q] = ds[at];
   }
@@ -196,10 +186,13 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   A* slot = reinterpret_cast<A*>(smem_raw);  // [NB][bd] slabs, then [NB][n1] and [NB][n2] nodes
   A* lv1 = slot + NB * bd;
   A* lv2 = lv1 + NB * n1;
-  // A round's x and dy rows (bd slabs and the tail vectors) pass through shared memory (staged_slot).
+  // A round's x and dy rows (bd slabs and the tail vectors) pass through shared memory, each slab
+  // followed by one vector of padding, so a warp's 16-byte reads of its slabs hit distinct banks.
   using V = Vec<T, VEC>;
+  constexpr int PADDED = SLAB + VEC;  // tokens per staged slab
+  constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
-  V* ds = xs + bd * NV + NT;
+  V* ds = xs + bd * PV + NT;
   using R = Raw<T, VEC>;  // the same layout, as raw words
   R* xs_raw = reinterpret_cast<R*>(xs);
   R* ds_raw = reinterpret_cast<R*>(ds);
@@ -263,8 +256,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       for (int j = 0; j <= NV; ++j) {
         if (j < NV || (int)threadIdx.x < NT) {
           const int i = (int)threadIdx.x + j * bd;
-          xs_raw[staged_slot<NV>(i / NV, i % NV)] = x_raw[j];
-          ds_raw[staged_slot<NV>(i / NV, i % NV)] = dy_raw[j];
+          xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+          ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
         }
       }
       __syncthreads();
@@ -274,7 +267,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
       const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
       R x_words[NV + NT], dy_words[NV + NT];
-      staged_vectors<NV>(xs_raw, ds_raw, x_words, dy_words);
+      staged_vectors<NV, PV>(xs_raw, ds_raw, x_words, dy_words);
       A taps[K - 1];
       taps_before<K, false, A, T, I>(xc + b * (I)a.x_bs, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, taps);
       // x of token i of the slab (i < 0: the taps before it)
@@ -313,7 +306,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // own and tail tokens, VEC at a time (L is a multiple of VEC: no vector spans two rows), kept
       // as loaded and converted at use: half the registers of converted 16-bit values
       V xv[NV + NT], dv[NV + NT];
-      staged_vectors<NV>(xs, ds, xv, dv);
+      staged_vectors<NV, PV>(xs, ds, xv, dv);
       Docs<MODE> docs;
       const int pos0 = docs.begin(da, t0, K - 1);
       // Rings over the last K tokens, as the channel-last walk keeps them: the token stepped at
