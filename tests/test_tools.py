@@ -105,3 +105,63 @@ def test_kernel_stats_reports_registers_spills_and_the_instruction_mix(monkeypat
     ])
     ops = [m.group(1) for m in map(stats.SASS_LINE.match, listing.splitlines()) if m]
     assert ops == ["FFMA", "BRA", "FFMA"]
+
+
+SETUP_PY = '''
+cc_flag = []
+if HIP_BUILD:
+    cc_flag.append("-DBUILD_PYTHON_PACKAGE")
+else:
+    cc_flag.append("-gencode")
+    cc_flag.append("arch=compute_80,code=sm_80")
+    if bare_metal_version >= Version("11.8"):
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_90,code=sm_90")
+    if bare_metal_version >= Version("12.8"):
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_100,code=sm_100")
+'''
+
+DISPATCH = '''#define DISPATCH_ITYPE(ITYPE, NAME, ...)                    \\
+    if (ITYPE == at::ScalarType::Half) {                                            \\
+        using input_t = at::Half;                                                   \\
+        __VA_ARGS__();                                                              \\
+    } else if (ITYPE == at::ScalarType::BFloat16) {                                 \\
+        using input_t = at::BFloat16;                                               \\
+        __VA_ARGS__();                                                              \\
+    } else {                                                                        \\
+        AT_ERROR(#NAME, " not implemented");                                        \\
+    }
+'''
+
+
+def test_the_peer_build_compiles_one_architecture_and_no_fp16(tmp_path):
+    """tools/build_causal_conv1d.py rewrites causal-conv1d's build for one arch and the bf16 / fp32
+    kernels: one -gencode pair left, valid Python, and fp16 gone from the instances and the dispatch
+    (the peer's own sources come from outside; these are their shapes)."""
+    build = load_module("tools/build_causal_conv1d.py")
+    setup = build.one_arch(SETUP_PY, "sm_90")
+    compile(setup, "setup.py", "exec")
+    assert setup.count('"-gencode"') == 1 and 'cc_flag.append("arch=compute_90,code=sm_90")' in setup
+    assert "sm_80" not in setup and "sm_100" not in setup
+    assert build.one_arch(setup, "sm_90") == setup, "a patched setup.py stays as it is"
+    with pytest.raises(RuntimeError, match="no cc_flag -gencode pairs"):
+        build.one_arch("cc_flag = []\n", "sm_90")
+
+    cu = ("template void f<at::Half, float>(P &p, cudaStream_t s);\n"
+          "template void f<at::BFloat16, float>(P &p, cudaStream_t s);\n"
+          "template void f<float, at::Half>(P &p, cudaStream_t s);\n")
+    assert build.without_fp16(cu) == "template void f<at::BFloat16, float>(P &p, cudaStream_t s);\n"
+    lean = build.without_fp16(DISPATCH)
+    assert "at::Half" not in lean and "if (ITYPE == at::ScalarType::BFloat16) {" in lean
+
+    src = tmp_path / "causal-conv1d"
+    (src / "csrc").mkdir(parents=True)
+    (src / "setup.py").write_text(SETUP_PY)
+    (src / "csrc" / "fwd.cu").write_text(cu)
+    (src / "csrc" / "causal_conv1d.cpp").write_text(DISPATCH)
+    build.patch(src, "sm_90", all_dtypes=False)
+    assert "at::Half" not in (src / "csrc" / "fwd.cu").read_text() + (src / "csrc" / "causal_conv1d.cpp").read_text()
+    (src / "csrc" / "causal_conv1d.cpp").write_text(DISPATCH.replace("ScalarType::Half) {", "ScalarType::Half)  {"))
+    with pytest.raises(RuntimeError, match="fp16 left"):  # a layout the patch does not know fails loudly
+        build.patch(src, "sm_90", all_dtypes=False)
