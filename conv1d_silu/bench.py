@@ -413,8 +413,8 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
 def run(args, on_shape: Callable[[dict], None] | None = None) -> dict:
     """Measure every shape of ``args``; ``on_shape`` gets the result so far after each shape."""
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    if args.floor and (device.type != "cuda" or args.layout != "BLC"):
-        raise ValueError("--floor: the bare launches are our channel-last kernels: a CUDA GPU and --layout BLC")
+    if args.floor and device.type != "cuda":
+        raise ValueError("--floor: the bare launches are our CUDA kernels: a CUDA GPU")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     timer = Timer(device, args.reps, args.warmup, args.graph)
     # PyTorch's own passes are single GPU-bound kernels: timed eagerly, since a captured copy_
@@ -565,7 +565,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
     p.add_argument("--floor", action="store_true",
                    help="time the floor of our programs' access pattern beside them: their launches with the "
-                        "math, slab partials and fold compiled out (bare rows; a GPU and --layout BLC; see "
+                        "math, slab partials and fold compiled out (bare rows; a GPU; see "
                         "conv1d_silu/bench_floor.py)")
     p.add_argument("--max-eager-elems", type=int, default=2**31, help="skip eager baselines above S*C")
     p.add_argument("--decode", action="store_true",

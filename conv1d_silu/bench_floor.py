@@ -5,8 +5,9 @@ order of rows) with its kernel's BARE flag set: it keeps the program's loads of 
 stores of y (dx), and drops the math, the slab partials and the fold (the forward writes y = x, the
 backward dx[t - (K-1)] = x[t] + dy[t]). Its time is what the program's bytes cost in the program's
 own pattern; ours over it is what the math and the fold add, and it over ``copy_`` / ``add`` is
-what the pattern costs against PyTorch's flat one. Channel-last x (S, C) without documents or
-states, as the bench's token-major rows.
+what the pattern costs against PyTorch's flat one. x without documents or states, as the bench's
+rows: channel-last (S, C), or channel-first (B, C, L) (``--layout BCL``), whose bare backward is the
+simple walk's staging and stores (dx = x + dy; rows of whole slabs or one sequence).
 
 Without the math a kernel needs fewer registers (32 against 122-127 for the bf16 K = 4 backward
 programs, 32 against 64 for the forward), so more of its CTAs would fit on an SM: a bare launch
@@ -25,8 +26,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import gpu, ops, runtime
+from . import gpu, gpu_bcl, ops, runtime
 from .documents import doc_table
+from .dtypes import accumulator_dtype
 from .runtime import Launch
 
 SMEM_STEP = 256  # bytes: the granularity of the shared memory that pins a bare launch's occupancy
@@ -66,8 +68,13 @@ def calls(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: 
     """The bare launches of the programs that a call on these tensors is routed to (the weight
     gradients in the weight's dtype; a program named for a direction is forced there), on fresh
     outputs, through the op's current launcher (``ops.use_launcher``)."""
+    if x.dim() == 3 and x.stride(2) == 1:
+        return _channel_first(x, weight, bias, dy, fwd_program, bwd_program)
     if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"x: the floor takes channel-last (S, C) x, got shape {tuple(x.shape)} strides {x.stride()}")
+        raise ValueError(
+            f"x: the floor takes channel-last (S, C) or channel-first (B, C, L) x, got shape {tuple(x.shape)} "
+            f"strides {x.stride()}"
+        )
     doc = doc_table(x, None, None, None)
     has_bias = bias is not None
     programs = [ops.choose(d, x, weight, has_bias, doc, False, p) for d, p in (("fwd", fwd_program), ("bwd", bwd_program))]
@@ -92,3 +99,38 @@ def calls(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: 
     fwd_tensors = (x, w, b, None, None, y, None)
     bwd_tensors = (x, dy, w, b, None, None, dx, None, dw, db, workspace, tickets, None, None)
     return Floor(lambda: fwd(fwd_tensors), lambda: bwd(bwd_tensors), y, dx)
+
+
+def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
+    """:func:`calls` for channel-first x and dy (B, C, L): the channel-first programs' bare launches."""
+    xv, dyv = x.transpose(1, 2), dy.transpose(1, 2)  # the op's (B, L, C) views
+    B, L, C = xv.shape
+    K, has_bias = weight.shape[1], bias is not None
+    doc = doc_table(xv, None, None, None)
+    programs = [ops.choose(d, xv, weight, has_bias, doc, False, p) for d, p in (("fwd", fwd_program), ("bwd", bwd_program))]
+    for program in programs:
+        if not (program.cuda and program.layout == "BCL"):
+            raise ValueError(f"x: its {program.direction} program {program.name!r} has no bare launch")
+    y, dx = gpu_bcl.like_x(xv), gpu_bcl.like_x(xv)
+    n_docs, has_table = doc.num_docs or 0, doc.table is not None
+    fwd = gpu_bcl.forward_launch(
+        x.dtype, weight.dtype, K, B, C, L, (*gpu_bcl.strides(xv), *gpu_bcl.strides(y)), gpu.alignment(xv, y),
+        has_bias, doc.mode, False, False, True, n_docs, has_table,
+    )
+    bwd, _, ws_elems = gpu_bcl.backward_launches(
+        x.dtype, weight.dtype, weight.dtype, K, B, C, L,
+        (*gpu_bcl.strides(xv), *gpu_bcl.strides(dyv), *gpu_bcl.strides(dx)), gpu.alignment(xv, dyv, dx), has_bias,
+        doc.mode, False, True, n_docs, has_table, False,
+    )
+    if not bwd.kernel.endswith(", true>"):
+        raise ValueError(f"x: {B} rows of {L} tokens take the document walk, which has no bare launch")
+    launcher, device = ops.launcher(), x.device
+    fwd, bwd = (
+        launcher.prepare(held_to(bare(launch), launch, launcher, device), device) for launch in (fwd, bwd)
+    )
+    workspace, _ = gpu.backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, device, False)
+    w, b = gpu.dense(weight), gpu.dense(bias)
+    dw, db = torch.empty_like(w), None if b is None else torch.empty_like(b)
+    fwd_tensors = (xv, w, b, doc.table, None, y, None)
+    bwd_tensors = (xv, dyv, w, b, doc.table, None, dx, None, dw, db, workspace)
+    return Floor(lambda: fwd(fwd_tensors), lambda: bwd(bwd_tensors), y.transpose(1, 2), dx.transpose(1, 2))

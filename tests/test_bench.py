@@ -480,10 +480,50 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
         bench_floor.calls(x, w, b, dy, "reference")
 
 
-def test_floor_takes_channel_last_rows_only():
+@pytest.mark.parametrize(
+    "B, C, L, dtype",
+    [
+        (4, 3, 2048, torch.bfloat16),  # rows of whole slabs, 16-byte accesses
+        (1, 2, 5000, torch.float32),  # one sequence, two parts of a channel, its last slab 8 tokens long
+    ],
+)
+def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, B, C, L, dtype):
+    """--floor with --layout BCL: the channel-first programs' bare launches, y = x and dx = x + dy
+    with the K-1 taps before each slab added to its first token (0 before a row's start), every
+    token written in x's layout."""
     from conv1d_silu import bench_floor
 
-    x = torch.randn(2, 64, 8)
+    K, device = 4, kernel_backend.device
+    g = torch.Generator(device=device).manual_seed(B + C + L)
+    x, dy = (torch.randn(B, C, L, device=device, dtype=dtype, generator=g) for _ in range(2))
+    w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
+    floor = bench_floor.calls(x, w, None, dy)
+    floor.y.fill_(float("nan"))
+    floor.dx.fill_(float("nan"))
+    floor.fwd()
+    floor.bwd()
+    assert floor.y.shape == x.shape and torch.equal(floor.y, x)
+    want = x.float() + dy.float()
+    starts = torch.arange(0, L, 32, device=device)  # each slab's first token (slabs of 32, rows of whole slabs)
+    for m in range(K - 1):  # tap m of token l is token l - (K-1) + m, added in that order
+        src = starts - (K - 1) + m
+        want[..., starts[src >= 0]] += x.float()[..., src[src >= 0]]
+    assert torch.equal(floor.dx, want.to(dtype))
+
+
+def test_channel_first_floor_needs_the_simple_walk(kernel_backend):
+    """Rows that are not whole slabs take the document walk, which has no bare form: said, not run."""
+    from conv1d_silu import bench_floor
+
+    x = torch.randn(3, 2, 40, device=kernel_backend.device)
+    with pytest.raises(ValueError, match="document walk, which has no bare launch"):
+        bench_floor.calls(x, torch.randn(2, 4, device=x.device), None, x)
+
+
+def test_floor_takes_channel_last_or_channel_first_rows_only():
+    from conv1d_silu import bench_floor
+
+    x = torch.randn(2, 64, 8).transpose(1, 2)  # neither layout's rows
     with pytest.raises(ValueError, match="x: the floor takes channel-last"):
         bench_floor.calls(x, torch.randn(8, 4), None, x)
 

@@ -60,8 +60,9 @@ C1S_FN int begin_in_row(Docs<MODE>& docs, const DocArgs& da, long long b, long l
 // vector v of thread i at (chunk VPT + v) blockDim + i, so each load instruction of a warp reads
 // neighbouring bytes. A thread's window is its vector and the K-1 tokens before it, read again
 // from x (the neighbour's vector, in L1: one more load where it holds them all).
+// BARE (the bench's floor, never routed): y = x, the loads and stores without the math.
 template <typename T, typename TW, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT, bool FINAL,
-          bool SILU, typename I, int VPT>
+          bool SILU, typename I, int VPT, bool BARE = false>
 __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant__ c1s::FwdBclArgs a) {
   using namespace c1s;
   using A = typename Acc<T>::type;
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
       A z = bv[0];
 #pragma unroll
       for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[E + k], z);
-      yv[E] = docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
+      yv[E] = BARE ? win[K - 1 + E] : docs.padding() ? A(0) : SILU ? z * sigmoid(z) : z;
       if (FINAL && docs.last(da, t) && docs.state < n_docs) {  // its last K-1 taps (states included)
 #pragma unroll
         for (int j = 0; j < K - 1; ++j)
@@ -147,8 +148,11 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // whole slabs), so one bound per slab, its row's end, says which tokens are live and the walk keeps
 // no document rings. With 16-byte vectors of 16-bit x, 32-bit offsets and K <= 4 it is held to 64
 // registers, four CTAs per SM, without spilling (other forms spill under that bound).
+//
+// BARE (the bench's floor, never routed; the simple walk only): dx = x + dy, the staging, the taps'
+// loads and the stores of dx without the math, the slab partials and the fold.
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, bool SIMPLE>
+          bool SILU, typename I, bool SIMPLE, bool BARE = false>
 __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? 4 : 1)
     conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
@@ -161,6 +165,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   static_assert(SLAB % VEC == 0, "vectors tile a slab");
   static_assert(!SIMPLE || (!HAS_INIT && (MODE == SINGLE || MODE == BATCH)),
                 "the simple walk knows no states or document tables");
+  static_assert(!BARE || SIMPLE, "the bare walk is the simple one's");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -273,32 +278,46 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // x of token i of the slab (i < 0: the taps before it)
       auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
       A g[SLAB + K - 1], dxv[VEC];
-      static_for<0, SLAB + K - 1>([&](auto jj) {
-        constexpr int J = decltype(jj)::value, U = J - (K - 1);
-        const A dval = element<A, T>(dy_words[J / VEC], J % VEC);
-        if (SILU) {
-          A z = bv[0];
+      if constexpr (BARE) {  // dx = x + dy, the taps' sum added to the slab's first token
+        static_for<0, SLAB>([&](auto uu) {
+          constexpr int U = decltype(uu)::value;
+          A v = xat(U) + element<A, T>(dy_words[U / VEC], U % VEC);
+          if (U == 0) {
 #pragma unroll
-          for (int k = 0; k < K; ++k) z = fma_(wv[k][0], xat(U + k), z);
-          g[J] = dval * silu_grad(z, sigmoid(z));
-        } else {
-          g[J] = dval;
-        }
-        if (J < SLAB && J < lim) {  // a dead token's g (computed all the same) joins no partial
-#pragma unroll
-          for (int k = 0; k < K; ++k) acc[k] = fma_(g[J], xat(U + k), acc[k]);
-          if (HAS_BIAS) acc[NB - 1] += g[J];
-        }
-        if (U >= 0 && U < SLAB) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's row
-          A v = A(0);
-#pragma unroll
-          for (int m = 0; m < K; ++m)
-            if (U + m < lim) v = fma_(wv[K - 1 - m][0], g[U + m], v);
+            for (int m = 0; m < K - 1; ++m) v += taps[m];
+          }
           dxv[U % VEC] = v;
-          if (U % VEC == VEC - 1 && U < lim)  // lim is a multiple of VEC: a vector is live or dead
+          if (U % VEC == VEC - 1 && U < lim)
             store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(U - (VEC - 1)), dxv);
-        }
-      });
+        });
+      } else {
+        static_for<0, SLAB + K - 1>([&](auto jj) {
+          constexpr int J = decltype(jj)::value, U = J - (K - 1);
+          const A dval = element<A, T>(dy_words[J / VEC], J % VEC);
+          if (SILU) {
+            A z = bv[0];
+#pragma unroll
+            for (int k = 0; k < K; ++k) z = fma_(wv[k][0], xat(U + k), z);
+            g[J] = dval * silu_grad(z, sigmoid(z));
+          } else {
+            g[J] = dval;
+          }
+          if (J < SLAB && J < lim) {  // a dead token's g (computed all the same) joins no partial
+#pragma unroll
+            for (int k = 0; k < K; ++k) acc[k] = fma_(g[J], xat(U + k), acc[k]);
+            if (HAS_BIAS) acc[NB - 1] += g[J];
+          }
+          if (U >= 0 && U < SLAB) {  // dx[u] = sum_m w[K-1-m] g[u+m] over u's row
+            A v = A(0);
+#pragma unroll
+            for (int m = 0; m < K; ++m)
+              if (U + m < lim) v = fma_(wv[K - 1 - m][0], g[U + m], v);
+            dxv[U % VEC] = v;
+            if (U % VEC == VEC - 1 && U < lim)  // lim is a multiple of VEC: a vector is live or dead
+              store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(U - (VEC - 1)), dxv);
+          }
+        });
+      }
     } else if (s < s_end) {
       const long long t0 = s * SLAB;
       const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
@@ -410,6 +429,10 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       });
     }
 
+    if constexpr (BARE) {  // no partials and no fold; the next round restages the slots
+      __syncthreads();
+      continue;
+    }
     // The round's slabs into level-1 and level-2 nodes, children in index order.
 #pragma unroll
     for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
