@@ -528,15 +528,16 @@ def test_floor_takes_channel_last_or_channel_first_rows_only():
         bench_floor.calls(x, torch.randn(8, 4), None, x)
 
 
-def test_floor_rows_join_ours_in_the_same_turns(kernel_backend):
+@pytest.mark.parametrize("layout, S", [("BLC", 3000), ("BCL", 4096)])
+def test_floor_rows_join_ours_in_the_same_turns(kernel_backend, layout, S):
     """With --floor each of our fwd / bwd rows gets a bare row, timed in the same turns as ours and
-    PyTorch's copy_ / add (a same-run ratio to them)."""
+    PyTorch's copy_ / add (a same-run ratio to them), in either layout."""
     args = bench.parser().parse_args(
-        ["--floor", "--baselines", "--calls", "fwd", "bwd", "fwdbwd", "--dtype", "fp32", "--no-host"]
+        ["--floor", "--baselines", "--calls", "fwd", "bwd", "fwdbwd", "--dtype", "fp32", "--no-host", "--layout", layout]
     )
     device = torch.device(kernel_backend.device)
     timer = bench.Timer(device, reps=2, warmup=1, graph=False)
-    rows = bench._shape_rows(args, bench._impls(args), 3000, 64, timer, timer, 1e12, torch.float32, device)
+    rows = bench._shape_rows(args, bench._impls(args, layout), S, 64, timer, timer, 1e12, torch.float32, device)
     bare = [r for r in rows if r.impl == "bare"]
     assert [r.call for r in bare] == ["fwd", "bwd"]
     assert all(len(r.times_us) == 2 and r.same_run_ratio > 0 for r in bare)
