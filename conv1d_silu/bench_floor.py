@@ -7,15 +7,17 @@ backward dx[t - (K-1)] = x[t] + dy[t]). Its time is what the program's bytes cos
 own pattern; ours over it is what the math and the fold add, and it over ``copy_`` / ``add`` is
 what the pattern costs against PyTorch's flat one. x without documents or states, as the bench's
 rows: channel-last (S, C), or channel-first (B, C, L) (``--layout BCL``), whose bare backward is the
-simple walk's staging and stores (dx = x + dy; rows of whole slabs or one sequence).
+simple walk's staging, the loads of each slab's K-1 taps and the stores (dx = x + dy, the taps added
+to each slab's first token; rows of whole slabs or one sequence).
 
-Without the math a kernel needs fewer registers (32 against 122-127 for the bf16 K = 4 backward
-programs, 32 against 64 for the forward), so more of its CTAs would fit on an SM: a bare launch
-gets the dynamic shared memory that holds it to the routed launch's CTAs per SM. Left to run 6-7
-CTAs per SM where the routed program runs 4 (one- and eight-slab backward programs), the bare
-launches measured up to 1.23x slower than the routed ones on the H100; at equal occupancy they
-took 0.80-0.94x of its time. The shared memory that pins them leaves them less L1 than the routed
-launch has (one-slab programs: 4 CTAs of ~46 KB against 4 of 36 KB per SM).
+Without the math a kernel needs fewer registers, so more of its CTAs would fit on an SM: a bare
+launch gets the dynamic shared memory that holds it to the routed launch's CTAs per SM. For the
+channel-last programs on the H100 (32 registers against 122-127 for the bf16 K = 4 backward
+programs, 32 against 64 for the forward): left to run 6-7 CTAs per SM where the routed program runs
+4 (one- and eight-slab backward programs), the bare launches measured up to 1.23x slower than the
+routed ones; at equal occupancy they took 0.80-0.94x of its time. The shared memory that pins them
+leaves them less L1 than the routed launch has (one-slab programs: 4 CTAs of ~46 KB against 4 of
+36 KB per SM). The channel-first backward's bare form takes 56 registers against 64 (sm_90).
 """
 
 from __future__ import annotations
@@ -103,14 +105,19 @@ def calls(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dy: 
 
 def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
     """:func:`calls` for channel-first x and dy (B, C, L): the channel-first programs' bare launches."""
+    if dy.shape != x.shape or dy.stride(2) != 1:
+        raise ValueError(f"dy: expected x's shape {tuple(x.shape)} with the sequence contiguous, got "
+                         f"{tuple(dy.shape)} strides {dy.stride()}")
     xv, dyv = x.transpose(1, 2), dy.transpose(1, 2)  # the op's (B, L, C) views
     B, L, C = xv.shape
     K, has_bias = weight.shape[1], bias is not None
     doc = doc_table(xv, None, None, None)
-    programs = [ops.choose(d, xv, weight, has_bias, doc, False, p) for d, p in (("fwd", fwd_program), ("bwd", bwd_program))]
-    for program in programs:
+    for d, p in (("fwd", fwd_program), ("bwd", bwd_program)):
+        program = ops.choose(d, xv, weight, has_bias, doc, False, p)
         if not (program.cuda and program.layout == "BCL"):
-            raise ValueError(f"x: its {program.direction} program {program.name!r} has no bare launch")
+            raise ValueError(f"program: {program.name!r} is no channel-first {d} program: it has no bare launch here")
+    if not gpu_bcl.simple_walk(doc.mode, False, B, L):
+        raise ValueError(f"x: {B} rows of {L} tokens take the document walk, which has no bare launch")
     y, dx = gpu_bcl.like_x(xv), gpu_bcl.like_x(xv)
     n_docs, has_table = doc.num_docs or 0, doc.table is not None
     fwd = gpu_bcl.forward_launch(
@@ -122,8 +129,6 @@ def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
         (*gpu_bcl.strides(xv), *gpu_bcl.strides(dyv), *gpu_bcl.strides(dx)), gpu.alignment(xv, dyv, dx), has_bias,
         doc.mode, False, True, n_docs, has_table, False,
     )
-    if not bwd.kernel.endswith(", true>"):
-        raise ValueError(f"x: {B} rows of {L} tokens take the document walk, which has no bare launch")
     launcher, device = ops.launcher(), x.device
     fwd, bwd = (
         launcher.prepare(held_to(bare(launch), launch, launcher, device), device) for launch in (fwd, bwd)

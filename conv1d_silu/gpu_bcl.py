@@ -123,6 +123,12 @@ def top_level(root: int) -> int:
     return max(2, root - 3)
 
 
+def simple_walk(mode: int, has_init: bool, B: int, L: int) -> bool:
+    """Whether the backward takes the simple walk: no document starts inside a slab (one row, or
+    rows of whole slabs) and there are no states."""
+    return mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
+
+
 @functools.lru_cache(maxsize=4096)
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
@@ -152,8 +158,7 @@ def backward_launches(
     # a staging thread's token numbers run past S by less than a round and two sweeps of the CTA's
     # vectors: less than two rounds
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + 2 * block * SLAB >= 2**31
-    # the simple walk: no document starts inside a slab (one row, or rows of whole slabs), no states
-    simple = mode in (SINGLE, BATCH) and not has_init and (B == 1 or L % SLAB == 0)
+    simple = simple_walk(mode, has_init, B, L)
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
         "long long" if wide else "int", simple,

@@ -481,23 +481,30 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
 
 
 @pytest.mark.parametrize(
-    "B, C, L, dtype",
+    "B, C, L, dtype, climb",
     [
-        (4, 3, 2048, torch.bfloat16),  # rows of whole slabs, 16-byte accesses
-        (1, 2, 5000, torch.float32),  # one sequence, two parts of a channel, its last slab 8 tokens long
+        (4, 3, 2048, torch.bfloat16, False),  # rows of whole slabs, 16-byte accesses
+        (1, 2, 5000, torch.float32, False),  # one sequence, two parts of a channel, its last slab 8 tokens long
+        (1, 2, 1 << 16, torch.bfloat16, True),  # parts of several rounds (a part above tree level 2, forced)
     ],
 )
-def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, B, C, L, dtype):
+def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, monkeypatch, B, C, L, dtype, climb):
     """--floor with --layout BCL: the channel-first programs' bare launches, y = x and dx = x + dy
     with the K-1 taps before each slab added to its first token (0 before a row's start), every
-    token written in x's layout."""
-    from conv1d_silu import bench_floor
+    token written in x's layout; x and dy chunks of wider tensors (strides of their own)."""
+    from conv1d_silu import bench_floor, gpu_bcl
 
     K, device = 4, kernel_backend.device
     g = torch.Generator(device=device).manual_seed(B + C + L)
-    x, dy = (torch.randn(B, C, L, device=device, dtype=dtype, generator=g) for _ in range(2))
+    x, dy = (torch.randn(B, 2 * C + 1, L, device=device, dtype=dtype, generator=g)[:, 1 : C + 1] for _ in range(2))
     w = torch.randn(C, K, device=device, dtype=dtype, generator=g)
-    floor = bench_floor.calls(x, w, None, dy)
+    if climb:
+        monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
+    gpu_bcl.backward_launches.cache_clear()
+    try:
+        floor = bench_floor.calls(x, w, None, dy)
+    finally:
+        gpu_bcl.backward_launches.cache_clear()
     floor.y.fill_(float("nan"))
     floor.dx.fill_(float("nan"))
     floor.fwd()
@@ -542,6 +549,22 @@ def test_floor_rows_join_ours_in_the_same_turns(kernel_backend, layout, S):
     assert [r.call for r in bare] == ["fwd", "bwd"]
     assert all(len(r.times_us) == 2 and r.same_run_ratio > 0 for r in bare)
     assert not any(s["baseline"] == "bare" for s in bench._speedups(rows))
+
+
+def test_a_floor_that_fails_leaves_its_row_without_bare_columns(kernel_backend, monkeypatch, capsys):
+    """A floor whose launch cannot be built or run is said on stderr; ours and copy_ / add are still timed."""
+    from conv1d_silu import bench_floor
+
+    def broken(*args):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(bench_floor, "calls", broken)
+    args = bench.parser().parse_args(["--floor", "--baselines", "--calls", "fwd", "bwd", "--dtype", "fp32", "--no-host"])
+    device = torch.device(kernel_backend.device)
+    timer = bench.Timer(device, reps=2, warmup=1, graph=False)
+    rows = bench._shape_rows(args, bench._impls(args), 3000, 64, timer, timer, 1e12, torch.float32, device)
+    assert {r.impl for r in rows} == {"conv1d_silu", "torch_copy", "torch_add"}
+    assert "floor S=3000 C=64 skipped: RuntimeError('no such kernel')" in capsys.readouterr().err
 
 
 def test_a_bare_launch_is_held_to_the_routed_programs_ctas_per_sm(monkeypatch):

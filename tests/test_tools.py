@@ -142,11 +142,17 @@ def test_the_peer_build_compiles_one_architecture_and_no_fp16(tmp_path):
     build = load_module("tools/build_causal_conv1d.py")
     setup = build.one_arch(SETUP_PY, "sm_90")
     compile(setup, "setup.py", "exec")
-    assert setup.count('"-gencode"') == 1 and 'cc_flag.append("arch=compute_90,code=sm_90")' in setup
+    assert setup.count('"-gencode"') == 1 and '"arch=compute_90,code=sm_90"' in setup
     assert "sm_80" not in setup and "sm_100" not in setup
+    flags = {"HIP_BUILD": False, "bare_metal_version": 13, "Version": lambda v: float(v)}
+    exec(setup, flags)  # every version check passed: still the one target
+    assert flags["cc_flag"] == ["-gencode", "arch=compute_90,code=sm_90"]
     assert build.one_arch(setup, "sm_90") == setup, "a patched setup.py stays as it is"
+    assert build.one_arch(setup, "sm_100").count("compute_") == 1 and "compute_100" in build.one_arch(setup, "sm_100")
     with pytest.raises(RuntimeError, match="no cc_flag -gencode pairs"):
         build.one_arch("cc_flag = []\n", "sm_90")
+    with pytest.raises(RuntimeError, match="not one `cc_flag = \\[\\]`"):
+        build.one_arch("flags = []\n", "sm_90")
 
     cu = ("template void f<at::Half, float>(P &p, cudaStream_t s);\n"
           "template void f<at::BFloat16, float>(P &p, cudaStream_t s);\n"
@@ -165,3 +171,40 @@ def test_the_peer_build_compiles_one_architecture_and_no_fp16(tmp_path):
     (src / "csrc" / "causal_conv1d.cpp").write_text(DISPATCH.replace("ScalarType::Half) {", "ScalarType::Half)  {"))
     with pytest.raises(RuntimeError, match="fp16 left"):  # a layout the patch does not know fails loudly
         build.patch(src, "sm_90", all_dtypes=False)
+
+
+def test_the_peer_build_builds_once_and_checks_what_it_imports(tmp_path, monkeypatch, capsys):
+    """main(): a tree without setup.py is refused; one whose extension imports is left alone; else it
+    is patched, built in place with CAUSAL_CONV1D_FORCE_BUILD, stripped, and must import from there."""
+    build = load_module("tools/build_causal_conv1d.py")
+    src = tmp_path / "causal-conv1d"
+    with pytest.raises(SystemExit, match="no setup.py"):
+        build.main([str(src), "--arch", "sm_90"])
+    (src / "csrc").mkdir(parents=True)
+    (src / "setup.py").write_text(SETUP_PY)
+    (src / "csrc" / "causal_conv1d.cpp").write_text(DISPATCH)
+    monkeypatch.setattr(build, "imports", lambda path: None)
+    assert build.main([str(src), "--arch", "sm_90"]) == 0
+    assert "already built" in capsys.readouterr().out and (src / "setup.py").read_text() == SETUP_PY
+
+    runs, built = [], []
+
+    def run(cmd, **kw):
+        runs.append((cmd, kw))
+        if "build_ext" in cmd:
+            (src / "causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\0" * 1024)
+            built.append(True)
+
+    monkeypatch.setattr(build.subprocess, "run", run)
+    monkeypatch.setattr(build, "imports", lambda path: None if built else "ModuleNotFoundError")
+    assert build.main([str(src), "--arch", "sm_90", "--jobs", "3"]) == 0
+    cmd, kw = runs[0]
+    assert cmd[1:] == ["setup.py", "build_ext", "--inplace"] and kw["cwd"] == src.resolve()
+    assert kw["env"]["CAUSAL_CONV1D_FORCE_BUILD"] == "TRUE" and kw["env"]["MAX_JOBS"] == "3"
+    assert '"arch=compute_90,code=sm_90"' in (src / "setup.py").read_text()
+    assert "at::Half" not in (src / "csrc" / "causal_conv1d.cpp").read_text()
+    if build.shutil.which("strip"):
+        assert runs[1][0][1] == "--strip-debug"
+    monkeypatch.setattr(build, "imports", lambda path: "causal_conv1d_cuda comes from /elsewhere")
+    with pytest.raises(RuntimeError, match="not importable .*: causal_conv1d_cuda comes from /elsewhere"):
+        build.main([str(src), "--arch", "sm_90"])

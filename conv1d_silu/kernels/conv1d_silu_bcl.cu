@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // x of token i of the slab (i < 0: the taps before it)
       auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
       A g[SLAB + K - 1], dxv[VEC];
-      if constexpr (BARE) {  // dx = x + dy, the taps' sum added to the slab's first token
+      if constexpr (BARE) {  // dx = x + dy, and the taps added to the slab's first token so that their loads stay
         static_for<0, SLAB>([&](auto uu) {
           constexpr int U = decltype(uu)::value;
           A v = xat(U) + element<A, T>(dy_words[U / VEC], U % VEC);
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
     __syncthreads();  // the slots are reused by the next round
   }
 
-  if (top > 2 && (int)threadIdx.x < NB) {
+  if (!BARE && top > 2 && (int)threadIdx.x < NB) {
     // The part's last nodes may lack children past the sequence: each partial level adds its +0
     // (one add stands for all: (v + 0) + 0 == v + 0) and joins its parent.
     for (int level = 2; level < top; ++level)
