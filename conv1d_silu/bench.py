@@ -201,6 +201,8 @@ def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
     impls: dict[str, Callable] = {"conv1d_silu": ours(args.program)}
     for name in args.baseline_programs:  # our own op forced to another program, as a baseline
         impls[f"conv1d_silu[{name}]"] = ours(name)
+    if bcl and args.with_channel_last:  # ours on the same values in channel-last memory, in the same run
+        impls["conv1d_silu[BLC]"] = ours(args.program)
     if "eager" in args.baselines:
         impls["torch_eager"] = torch_reference_bcl if bcl else torch_reference
     if "compile" in args.baselines and bcl:
@@ -235,6 +237,12 @@ def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
         except Exception as err:
             sys.stderr.write(f"baseline fla skipped: flash-linear-attention not importable ({err!r})\n")
     return impls
+
+
+def channel_last(t: torch.Tensor) -> torch.Tensor:
+    """The values of channel-first ``t`` (B, C, L) in channel-last memory, the same shape; a leaf
+    that requires grad where ``t`` does."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(t.requires_grad)
 
 
 def _timed_calls(fn, x, w, b, dy):
@@ -379,8 +387,9 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     for impl, fn in impls.items():
         if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
             continue
+        xi, dyi = (channel_last(x), channel_last(dy)) if impl == "conv1d_silu[BLC]" else (x, dy)
         try:
-            calls = _timed_calls(fn, x, w, b, dy)
+            calls = _timed_calls(fn, xi, w, b, dyi)
         except Exception as err:  # a peer that rejects the shape
             sys.stderr.write(f"\n{impl} S={S} C={C}: {err}\n")
             continue
@@ -562,6 +571,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="BLC", choices=["BLC", "BCL"],
                    help="BCL: x channel-first (B, C, L), ours with layout='BCL' and each peer as its users call it "
                         "there; default shapes B x L = 8 x 2048, 4 x 8192, 1 x 65536 at C = 256, 1024, 2560, 5120")
+    p.add_argument("--with-channel-last", action="store_true",
+                   help="with --layout BCL: ours on the same values in channel-last memory too (rows "
+                        "'conv1d_silu[BLC]'), so both layouts and the peers' channel-first calls share one run")
     p.add_argument("-K", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)

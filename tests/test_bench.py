@@ -11,7 +11,7 @@ import torch
 
 from conftest import DEVICES
 
-from conv1d_silu import bench, bench_report
+from conv1d_silu import bench, bench_report, ops
 from conv1d_silu.documents import doc_table
 from conv1d_silu.reference import forward as reference_forward
 
@@ -447,6 +447,27 @@ def test_layout_bcl_times_channel_first_calls():
     other = {**result, "meta": {**result["meta"], "layout": "BLC"}}
     with pytest.raises(ValueError, match="layout"):
         bench_report.merge_results([result, other])
+
+
+def test_a_channel_first_run_times_our_channel_last_call_beside_it(kernel_backend):
+    """--layout BCL --with-channel-last: ours on a channel-last copy of the same values joins the run
+    (the channel-last kernels on the kernel backends), with a speedup against ours channel-first."""
+    args = bench.parser().parse_args(
+        ["--layout", "BCL", "--with-channel-last", "--baselines", "--calls", "fwd", "bwd", "--dtype", "fp32", "--no-host"]
+    )
+    device = torch.device(kernel_backend.device)
+    x, w, b, dy = bench.shape_inputs(4096, 16, 4, torch.float32, device, "BCL")
+    last = bench.channel_last(x)
+    assert last.stride(1) == 1 and torch.equal(last, x) and last.requires_grad and last.is_leaf
+    timer = bench.Timer(device, reps=2, warmup=1, graph=False)
+    if kernel_backend.name == "emu":
+        ops._launcher.launches.clear()
+    rows = bench._shape_rows(args, bench._impls(args, "BCL"), 4096, 16, timer, timer, 1e12, torch.float32, device)
+    assert {(r.impl, r.call) for r in rows} >= {("conv1d_silu[BLC]", "fwd"), ("conv1d_silu[BLC]", "bwd")}
+    assert {s["baseline"] for s in bench._speedups(rows)} == {"conv1d_silu[BLC]"}
+    if kernel_backend.name == "emu":
+        kernels = {launch.kernel.split("<")[0] for launch in ops._launcher.launches}
+        assert {"conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_fwd_bcl", "conv1d_silu_bwd_bcl"} <= kernels
 
 
 @pytest.mark.parametrize(
