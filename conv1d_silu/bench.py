@@ -190,6 +190,9 @@ def cc1d_name() -> str:
     return "dao_cc1d_det" if det else "dao_cc1d"
 
 
+CHANNEL_LAST = "conv1d_silu[BLC]"  # ours on a channel-last copy of channel-first inputs (--with-channel-last)
+
+
 def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
     """Ours and the baselines on x of the layout: token-major (S, C), or channel-first (B, C, L)
     with each peer called as its users call it there."""
@@ -202,7 +205,7 @@ def _impls(args, layout: str = "BLC") -> dict[str, Callable]:
     for name in args.baseline_programs:  # our own op forced to another program, as a baseline
         impls[f"conv1d_silu[{name}]"] = ours(name)
     if bcl and args.with_channel_last:  # ours on the same values in channel-last memory, in the same run
-        impls["conv1d_silu[BLC]"] = ours(args.program)
+        impls[CHANNEL_LAST] = ours(args.program)
     if "eager" in args.baselines:
         impls["torch_eager"] = torch_reference_bcl if bcl else torch_reference
     if "compile" in args.baselines and bcl:
@@ -387,7 +390,7 @@ def _shape_rows(args, impls, S: int, C: int, timer: Timer, eager: Timer, bw: flo
     for impl, fn in impls.items():
         if impl in ("torch_eager", "torch_compile") and S * C > args.max_eager_elems:
             continue
-        xi, dyi = (channel_last(x), channel_last(dy)) if impl == "conv1d_silu[BLC]" else (x, dy)
+        xi, dyi = (channel_last(x), channel_last(dy)) if impl == CHANNEL_LAST else (x, dy)
         try:
             calls = _timed_calls(fn, xi, w, b, dyi)
         except Exception as err:  # a peer that rejects the shape

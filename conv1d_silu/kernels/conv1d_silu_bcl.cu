@@ -278,6 +278,11 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // x of token i of the slab (i < 0: the taps before it)
       auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
       A g[SLAB + K - 1], dxv[VEC];
+      // dxv holds tokens u - (VEC-1) .. u of the slab: stored where they are live (lim is a multiple
+      // of VEC: a vector is live or dead)
+      auto store_dx = [&](int u) {
+        if (u < lim) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(u - (VEC - 1)), dxv);
+      };
       if constexpr (BARE) {  // dx = x + dy, and the taps added to the slab's first token so that their loads stay
         static_for<0, SLAB>([&](auto uu) {
           constexpr int U = decltype(uu)::value;
@@ -287,8 +292,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
             for (int m = 0; m < K - 1; ++m) v += taps[m];
           }
           dxv[U % VEC] = v;
-          if (U % VEC == VEC - 1 && U < lim)
-            store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(U - (VEC - 1)), dxv);
+          if (U % VEC == VEC - 1) store_dx(U);
         });
       } else {
         static_for<0, SLAB + K - 1>([&](auto jj) {
@@ -313,8 +317,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
             for (int m = 0; m < K; ++m)
               if (U + m < lim) v = fma_(wv[K - 1 - m][0], g[U + m], v);
             dxv[U % VEC] = v;
-            if (U % VEC == VEC - 1 && U < lim)  // lim is a multiple of VEC: a vector is live or dead
-              store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l + (I)(U - (VEC - 1)), dxv);
+            if (U % VEC == VEC - 1) store_dx(U);
           }
         });
       }
