@@ -112,8 +112,9 @@ def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
     B, L, C = xv.shape
     K, has_bias = weight.shape[1], bias is not None
     doc = doc_table(xv, None, None, None)
+    chosen = {}
     for d, p in (("fwd", fwd_program), ("bwd", bwd_program)):
-        program = ops.choose(d, xv, weight, has_bias, doc, False, p)
+        chosen[d] = program = ops.choose(d, xv, weight, has_bias, doc, False, p)
         if not (program.cuda and program.layout == "BCL"):
             raise ValueError(f"program: {program.name!r} is no channel-first {d} program: it has no bare launch here")
     if not gpu_bcl.simple_walk(doc.mode, False, B, L):
@@ -127,7 +128,7 @@ def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
     bwd, _, ws_elems = gpu_bcl.backward_launches(
         x.dtype, weight.dtype, weight.dtype, K, B, C, L,
         (*gpu_bcl.strides(xv), *gpu_bcl.strides(dyv), *gpu_bcl.strides(dx)), gpu.alignment(xv, dyv, dx), has_bias,
-        doc.mode, False, True, n_docs, has_table, False,
+        doc.mode, False, True, n_docs, has_table, False, chosen["bwd"].split,
     )
     launcher, device = ops.launcher(), x.device
     fwd, bwd = (

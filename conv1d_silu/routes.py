@@ -51,6 +51,7 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
+    split: bool = False  # channel-first backward: g and dx by the loading threads, the slab walk sums partials
 
     @property
     def cta_level(self) -> int:
@@ -202,6 +203,18 @@ PROGRAMS: dict[str, Program] = {
             "slabs staged in shared memory with coalesced loads, and stores its own dx; CTAs fold the rounds. "
             "Where no document starts inside a slab and there are no states, a walk without document rings",
             layout="BCL",
+        ),
+        # dx stored by the threads that load the vectors (consecutive 16-byte stores per warp) and the
+        # walk left with the partials, at 3 CTAs per SM (g staged in fp32 takes more shared memory)
+        Program(
+            "bwd_bcl_split",
+            "bwd",
+            "channel-first backward whose loading threads compute g and dx of their vectors and stage g; "
+            "each thread then sums one slab's partials from shared memory (the document walk where "
+            "documents start inside slabs or states are given)",
+            layout="BCL",
+            split=True,
+            routed=False,
         ),
         Program(
             "rowgroup_sm",

@@ -501,6 +501,7 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
         bench_floor.calls(x, w, b, dy, "reference")
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize(
     "B, C, L, dtype, climb",
     [
@@ -509,10 +510,13 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
         (1, 2, 1 << 16, torch.bfloat16, True),  # parts of several rounds (a part above tree level 2, forced)
     ],
 )
-def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, monkeypatch, B, C, L, dtype, climb):
+def test_channel_first_floor_runs_the_programs_loads_and_stores(
+    kernel_backend, monkeypatch, B, C, L, dtype, climb, split
+):
     """--floor with --layout BCL: the channel-first programs' bare launches, y = x and dx = x + dy
-    with the K-1 taps before each slab added to its first token (0 before a row's start), every
-    token written in x's layout; x and dy chunks of wider tensors (strides of their own)."""
+    with the K-1 taps before each slab (bwd_bcl_split: each vector of 16 bytes) added to its first
+    token (0 before a row's start), every token written in x's layout; x and dy chunks of wider
+    tensors (strides of their own)."""
     from conv1d_silu import bench_floor, gpu_bcl
 
     K, device = 4, kernel_backend.device
@@ -523,7 +527,7 @@ def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, 
         monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
     gpu_bcl.backward_launches.cache_clear()
     try:
-        floor = bench_floor.calls(x, w, None, dy)
+        floor = bench_floor.calls(x, w, None, dy, bwd_program="bwd_bcl_split" if split else None)
     finally:
         gpu_bcl.backward_launches.cache_clear()
     floor.y.fill_(float("nan"))
@@ -532,7 +536,8 @@ def test_channel_first_floor_runs_the_programs_loads_and_stores(kernel_backend, 
     floor.bwd()
     assert floor.y.shape == x.shape and torch.equal(floor.y, x)
     want = x.float() + dy.float()
-    starts = torch.arange(0, L, 32, device=device)  # each slab's first token (slabs of 32, rows of whole slabs)
+    # each slab's first token (slabs of 32, rows of whole slabs), or each vector's
+    starts = torch.arange(0, L, 16 // x.element_size() if split else 32, device=device)
     for m in range(K - 1):  # tap m of token l is token l - (K-1) + m, added in that order
         src = starts - (K - 1) + m
         want[..., starts[src >= 0]] += x.float()[..., src[src >= 0]]

@@ -110,7 +110,7 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
         # the simple walk exactly where no document starts inside a slab and there are no initial states
         simple = docs == "none" and states in ("none", "final") and (B == 1 or L % 32 == 0)
         backward = [lau.kernel for lau in ops._launcher.launches if lau.kernel.startswith("conv1d_silu_bwd_bcl<")]
-        assert backward and all(k.endswith(f", {str(simple).lower()}>") for k in backward)
+        assert backward and all(k.endswith(f", {str(simple).lower()}, false>") for k in backward)  # SIMPLE, not SPLIT
     x_last = x.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, channel-last memory
     last = _run(x_last, w, b, kw, silu, grads)
     for name, got in first.items():
@@ -122,6 +122,73 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
     # the outputs take x's layout: empty_like of a chunk is contiguous channel-first memory
     assert first["y"].is_contiguous() and first["dx"].is_contiguous()
     assert last["y"].stride(1) == 1 and last["dx"].stride(1) == 1
+
+
+SPLIT_CASES = [c for c in CASES if c[6] == "none"] + [
+    (1, 3, 100, 4, torch.bfloat16, torch.float32, "none", "none", True, True, "weight"),  # the last slab 4 tokens
+    (1, 2, 2051, 4, torch.float32, torch.float32, "none", "none", True, True, "fp32"),  # 1-token vectors, S past a round
+    (3, 2, 96, 8, torch.float32, torch.float32, "none", "none", True, True, "weight"),  # tails of two vectors
+    (24, 2, 64, 4, torch.bfloat16, torch.bfloat16, "none", "none", False, False, "main_grad"),  # 8 rows per sweep
+    (2, 2, 64, 6, torch.float16, torch.float32, "none", "final", True, True, "weight"),
+    (2, 2, 64, 4, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 16-byte g words of 2
+    (1, 2, 1001, 8, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 1-token vectors, K = 8
+    (2, 2, 1030, 8, torch.bfloat16, torch.float32, "none", "none", True, True, "weight"),  # 2-token vectors
+    (9, 2, 32, 8, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # rows of one slab
+    (1, 2, 8, 8, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # fewer tokens than taps
+    (1, 2, 8200, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # two rounds
+    (70, 2, 96, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # rounds across rows
+]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["int", "long"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
+def test_the_split_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide):
+    """bwd_bcl_split (g and dx by the loading threads, partials by the slab walk) computes the same
+    expressions in the same order as the routed walk: every output and gradient has its bits, with
+    32- and 64-bit offsets, and it runs the split round exactly where the simple walk applies. A
+    NaN g at a row's first token (x = inf there) stays out of the row before it."""
+    B, C, L, K, dtype, wdtype, docs, states, bias, silu, grads = case
+    if wide and kernel_backend.name != "emu":
+        pytest.skip("64-bit offsets are forced on the emulator; the GPU takes them at 2^31 elements")
+    x, w, b, kw = _case(B, C, L, K, dtype, wdtype, docs, states, bias, kernel_backend.device)
+    if B > 1:
+        x[1, 0, 0] = float("inf")
+    if wide:
+        monkeypatch.setattr(gpu_bcl, "_wide", lambda *args: True)
+    gpu_bcl.backward_launches.cache_clear()
+    try:
+        want = _run(x, w, b, kw, silu, grads)
+        got = _run(x, w, b, {**kw, "program": "bwd_bcl_split"}, silu, grads)
+        if kernel_backend.name == "emu":
+            simple = states in ("none", "final") and (B == 1 or L % 32 == 0)
+            launch = next(lau for lau in reversed(ops._launcher.launches) if "bwd_bcl" in lau.kernel)
+            flags = f", {'long long' if wide else 'int'}, {str(simple).lower()}, {str(simple).lower()}>"
+            assert launch.kernel.endswith(flags), launch.kernel
+    finally:
+        gpu_bcl.backward_launches.cache_clear()
+    for name, value in want.items():
+        if value is None:
+            assert got[name] is None, name
+        else:
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
+    if B > 1 and silu:
+        assert got["dx"][0].isfinite().all() and not got["dx"][1, 0, 0].isfinite()
+
+
+def test_the_split_round_climbs_to_the_same_bits(kernel_backend, monkeypatch):
+    """The split round's partials climb through running sums as the routed walk's (forced at 2^16
+    tokens, with its last slab short)."""
+    x, w, b, _ = _case(1, 2, (1 << 16) - 8, 4, torch.bfloat16, torch.bfloat16, "none", "none", True,
+                       kernel_backend.device)
+    want = _run(x, w, b, {}, True, "weight")
+    monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
+    gpu_bcl.backward_launches.cache_clear()
+    try:
+        got = _run(x, w, b, {"program": "bwd_bcl_split"}, True, "weight")
+    finally:
+        gpu_bcl.backward_launches.cache_clear()
+    for name in ("dx", "dw", "db"):
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_channel_first_reads_x_in_place(kernel_backend):
@@ -283,7 +350,7 @@ def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, K,
     (y * torch.randn(y.shape, generator=gen).to(y)).sum().backward()
     if kernel_backend.name == "emu":
         backward = [lau.kernel for lau in ops._launcher.launches if lau.kernel.startswith("conv1d_silu_bwd_bcl<")]
-        assert backward and all(k.endswith(", true>") for k in backward)  # SIMPLE
+        assert backward and all(k.endswith(", true, false>") for k in backward)  # SIMPLE, not SPLIT
     for name, got in (("dx", xx.grad), ("dw", wg.grad), ("db", bg.grad)):
         torch.testing.assert_close(got, want[name], rtol=0, atol=0, equal_nan=True, msg=name)
     assert not wg.grad.isnan().any() and wg.grad[0].isinf().any()

@@ -70,7 +70,11 @@ INSTANCES["conv1d_silu_bcl"] = [
             "conv1d_silu_bwd_bcl", *a[:2], f32 if a[1] != f64 else f64, *a[2:7], *a[8:], i == 0,  # the simple walk
         ),
     )
-] + [kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, f32, 4, 8, True, BATCH, False, True, "long long", True)]
+] + [
+    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, f32, 4, 8, True, BATCH, False, True, "long long", True),
+    # the unrouted split round (bwd_bcl_split)
+    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, True),
+]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_103a", "sm_107a", "sm_120"]
@@ -186,6 +190,9 @@ HOT = [
                                                 True, "long long", True), 128),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
                                                 True, "int", True), 64),
+    # the split round, held to three CTAs per SM (its shared memory allows no more)
+    ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
+                                                True, "int", True, True), 80),
 ]
 
 

@@ -101,7 +101,8 @@ def channel_first_cases() -> int:
     """The channel-first kernels on x = a chunk of a wider (B, 2C+1, L) tensor (batch and channel
     strides of their own): 16-byte and 1-token accesses, states, padding, cu_seqlens, main_grad
     accumulation, a part above tree level 2 (1.2M tokens), rows of whole slabs without states (the
-    simple walk), and mamba_ssm's dx written into a chunk; each against the same values in channel-last memory (bits)."""
+    simple walk, and there the unrouted split round too), and mamba_ssm's dx written into a chunk; each
+    against the same values in channel-last memory (bits)."""
     from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
 
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -128,19 +129,22 @@ def channel_first_cases() -> int:
         init = torch.randn(n_states, C, K - 1, device="cuda", generator=gen).to(dtype) if states else None
         dy = torch.randn(B, C, L, device="cuda", generator=gen).to(dtype)
 
-        def run(xx):
+        def run(xx, program=None):
             leaves = [t.detach().requires_grad_() for t in (xx, w, b)]
             st = None if init is None else init.detach().requires_grad_()
             mg = torch.zeros(C, K, device="cuda"), torch.zeros(C, device="cuda")
             y = causal_conv1d_silu(*leaves, initial_states=st, weight_main_grad=mg[0], bias_main_grad=mg[1],
-                                   layout="BCL", **kw)
+                                   layout="BCL", program=program, **kw)
             y.backward(dy)
             return [y, leaves[0].grad, *mg] + ([] if st is None else [st.grad])
 
-        got, want = run(x), run(x.transpose(1, 2).contiguous().transpose(1, 2))
-        for name, g, r in zip(("y", "dx", "dweight", "dbias", "dinitial"), got, want):
-            assert torch.equal(g, r), f"channel-first {B}x{C}x{L} {dtype} {docs}: {name}"
-        n += 1
+        want = run(x.transpose(1, 2).contiguous().transpose(1, 2))
+        # the routed program, and the unrouted split round where the simple walk applies
+        for program in (None, "bwd_bcl_split") if docs == "none" and not states else (None,):
+            got = run(x, program)
+            for name, g, r in zip(("y", "dx", "dweight", "dbias", "dinitial"), got, want):
+                assert torch.equal(g, r), f"channel-first {B}x{C}x{L} {dtype} {docs} {program}: {name}"
+            n += 1
     xz = torch.randn(2, 64, 512, device="cuda", generator=gen).to(torch.bfloat16)
     dxz = torch.zeros_like(xz)
     w, b = torch.randn(32, 4, device="cuda", generator=gen), torch.randn(32, device="cuda", generator=gen)

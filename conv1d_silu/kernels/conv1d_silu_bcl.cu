@@ -149,11 +149,19 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // no document rings. With 16-byte vectors of 16-bit x, 32-bit offsets and K <= 4 it is held to 64
 // registers, four CTAs per SM, without spilling (other forms spill under that bound).
 //
+// SPLIT (the simple walk's cases only; unrouted, timed against it): the staging threads compute g
+// of the vectors they load (independent tokens, neighbouring threads neighbouring vectors), put it
+// in shared memory beside x, and after the round's barrier store dx of the same vectors (16 bytes
+// to consecutive addresses per warp instead of at a 64-byte stride); the slab walk then only sums
+// the partials from the staged g and x. dy is not staged. The same expressions in the same order:
+// the same bits.
+//
 // BARE (the bench's floor, never routed; the simple walk only): dx = x + dy, the staging, the taps'
-// loads and the stores of dx without the math, the slab partials and the fold.
+// loads and the stores of dx without the math, the slab partials and the fold (with SPLIT: the
+// loads of x, dy and each vector's taps, and dx stored by the loading thread).
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, bool SIMPLE, bool BARE = false>
-__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? 4 : 1)
+          bool SILU, typename I, bool SIMPLE, bool SPLIT = false, bool BARE = false>
+__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? (SPLIT ? 3 : 4) : 1)
     conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
   griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
@@ -166,6 +174,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   static_assert(!SIMPLE || (!HAS_INIT && (MODE == SINGLE || MODE == BATCH)),
                 "the simple walk knows no states or document tables");
   static_assert(!BARE || SIMPLE, "the bare walk is the simple one's");
+  static_assert(!SPLIT || SIMPLE, "the split round is the simple walk's");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -198,6 +207,51 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
   V* ds = xs + bd * PV + NT;
+  // SPLIT: g of the round in place of dy, GP values a slab (one 16-byte padding vector, so a
+  // quarter-warp's 16-byte accesses to its slabs or vectors hit distinct banks), then the tail's
+  constexpr int GP = SLAB + 16 / (int)sizeof(A);
+  A* gs = reinterpret_cast<A*>(reinterpret_cast<unsigned char*>(xs) + ((bd * PV + NT) * sizeof(V) + 15) / 16 * 16);
+  // g of vector i of the round (i < bd NV: its slabs' vectors, then the tail's), moved 16 bytes at a
+  // time where the vector fills 16-byte words
+  constexpr int GV = 16 / (int)sizeof(A);
+  using G = Vec<A, GV>;
+  auto g_of = [&](int i) { return gs + (i / NV) * GP + (i % NV) * VEC; };
+  auto put_g = [&](int i, const A (&g)[VEC]) {
+    A* at = g_of(i);
+    if constexpr (VEC % GV == 0) {
+#pragma unroll
+      for (int q = 0; q < VEC / GV; ++q) {
+        G word;
+#pragma unroll
+        for (int e = 0; e < GV; ++e) word.v[e] = g[q * GV + e];
+        reinterpret_cast<G*>(at)[q] = word;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) at[e] = g[e];
+    }
+  };
+  // the first N values of g from vector i on (any N: the vectors after it as far as needed)
+  auto get_g = [&](int i, auto n, A* out) {
+    constexpr int N = decltype(n)::value;
+    static_for<0, (N + VEC - 1) / VEC>([&](auto qq) {
+      constexpr int q = decltype(qq)::value;
+      const A* at = g_of(i + q);
+      constexpr int M = N - q * VEC < VEC ? N - q * VEC : VEC;  // values of this vector
+      if constexpr (VEC % GV == 0) {
+#pragma unroll
+        for (int r = 0; r < (M + GV - 1) / GV; ++r) {
+          const G word = reinterpret_cast<const G*>(at)[r];
+#pragma unroll
+          for (int e = 0; e < GV; ++e)
+            if (r * GV + e < M) out[q * VEC + r * GV + e] = word.v[e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < M; ++e) out[q * VEC + e] = at[e];
+      }
+    });
+  };
   using R = Raw<T, VEC>;  // the same layout, as raw words
   R* xs_raw = reinterpret_cast<R*>(xs);
   R* ds_raw = reinterpret_cast<R*>(ds);
@@ -232,7 +286,143 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    {
+    if constexpr (SPLIT) {
+      // x and dy of the round, loaded as the staging loads them (each thread's vectors i = thread +
+      // j bd, and the tail vector for the first NT threads, all in flight before any is used)
+      I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
+      I b = t / (I)L, l = t - b * (I)L;
+      R x_raw[NV + 1], dy_raw[NV + 1];
+      auto step = [&]() {
+        t += (I)(bd * VEC);
+        b += step_b;
+        l += step_l;
+        if (l >= (I)L) {
+          l -= (I)L;
+          ++b;
+        }
+      };
+#pragma unroll
+      for (int j = 0; j <= NV; ++j) {
+        x_raw[j] = dy_raw[j] = R{};
+        if ((j < NV || (int)threadIdx.x < NT) && t < (I)S) {
+          x_raw[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
+          dy_raw[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
+        }
+        step();
+      }
+      // g of each vector into shared memory, x staged beside it for the slab walk. A vector's K-1
+      // taps: 0 at its row's start (no states), else the tokens before it, in the previous vector
+      // (its neighbour's load, an L1 hit) where one vector holds them all
+      t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
+      b = t / (I)L;
+      l = t - b * (I)L;
+#pragma unroll
+      for (int j = 0; j <= NV; ++j) {
+        const int i = (int)threadIdx.x + j * bd;
+        if (j < NV || (int)threadIdx.x < NT) {
+          if (!BARE) xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+          if (t < (I)S) {
+            const T* __restrict__ xrow = xc + b * (I)a.x_bs;
+            A win[K - 1 + VEC];  // win[m]: token l - (K-1) + m
+            if (VEC >= K - 1 && l > 0) {
+              const R prev = load_ro(reinterpret_cast<const R*>(xrow + l - VEC));
+#pragma unroll
+              for (int m = 0; m < K - 1; ++m) win[m] = element<A, T>(prev, VEC - (K - 1) + m);
+            } else {
+              taps_before<K, false, A, T, I>(xrow, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, win);
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) win[K - 1 + e] = element<A, T>(x_raw[j], e);
+            if constexpr (BARE) {  // dx = x + dy, the taps added to the first token so that their loads stay
+              A dxv[VEC];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) dxv[e] = win[K - 1 + e] + element<A, T>(dy_raw[j], e);
+#pragma unroll
+              for (int m = 0; m < K - 1; ++m) dxv[0] += win[m];
+              if (j < NV) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
+            } else {
+              A g[VEC];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                const A dval = element<A, T>(dy_raw[j], e);
+                if (SILU) {
+                  A z = bv[0];
+#pragma unroll
+                  for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[e + k], z);
+                  g[e] = dval * silu_grad(z, sigmoid(z));
+                } else {
+                  g[e] = dval;
+                }
+              }
+              put_g(i, g);
+            }
+          }
+        }
+        step();
+      }
+      __syncthreads();
+      if constexpr (!BARE) {
+        // dx of the same vectors: dx[u] = sum_m w[K-1-m] g[u+m] over u's row (a part is whole rounds
+        // up to the sequence's end, so a vector inside S is one of this part's slabs)
+        t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
+        b = t / (I)L;
+        l = t - b * (I)L;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+          if (t < (I)S) {
+            const int i = (int)threadIdx.x + j * bd;
+            const I left = (I)L - l;  // tokens from the vector's first to its row's end (at least VEC)
+            A g[VEC + NT * VEC], dxv[VEC];
+            get_g(i, Int<VEC>{}, g);
+            get_g(i + 1, Int<K - 1>{}, g + VEC);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              A v = A(0);
+#pragma unroll
+              for (int m = 0; m < K; ++m)
+                if (e + m < VEC || (I)(e + m) < left) v = fma_(wv[K - 1 - m][0], g[e + m], v);
+              dxv[e] = v;
+            }
+            store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
+          }
+          step();
+        }
+        // the slab's partial from the staged g and x, one fma per token in token order
+        if (s < s_end) {
+          const I t0 = (I)(s * SLAB), b0 = t0 / (I)L, l0 = t0 - b0 * (I)L;
+          const int lim = (int)min_<I>(min_<I>((I)S, (b0 + 1) * (I)L) - t0, (I)SLAB);  // live tokens
+          R x_words[NV];
+#pragma unroll
+          for (int q = 0; q < NV; ++q) x_words[q] = xs_raw[threadIdx.x * PV + q];
+          A taps[K - 1];
+          taps_before<K, false, A, T, I>(xc + b0 * (I)a.x_bs, init, C, c, l0, (int)min_<I>(l0, (I)(K - 1)), 0, n_docs,
+                                         taps);
+          auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
+          const G* gslab = reinterpret_cast<const G*>(gs + threadIdx.x * GP);
+          // checked: a liveness test per token, for a sequence's last slab alone
+          auto walk = [&](auto checked) {
+            static_for<0, SLAB / GV>([&](auto qq) {
+              constexpr int Q = decltype(qq)::value;
+              const G word = gslab[Q];
+#pragma unroll
+              for (int e = 0; e < GV; ++e) {
+                const int J = Q * GV + e;
+                if (!decltype(checked)::value || J < lim) {
+#pragma unroll
+                  for (int k = 0; k < K; ++k) acc[k] = fma_(word.v[e], xat(J - (K - 1) + k), acc[k]);
+                  if (HAS_BIAS) acc[NB - 1] += word.v[e];
+                }
+              }
+            });
+          };
+          if (lim == SLAB) {
+            walk(Bool<false>{});
+          } else {
+            walk(Bool<true>{});
+          }
+        }
+      }
+    } else {
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
@@ -267,7 +457,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       }
       __syncthreads();
     }
-    if (SIMPLE && s < s_end) {
+    if (!SPLIT && SIMPLE && s < s_end) {
       const I t0 = (I)(s * SLAB), b = t0 / (I)L, l = t0 - b * (I)L;
       // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
       const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
@@ -321,7 +511,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
           }
         });
       }
-    } else if (s < s_end) {
+    } else if (!SPLIT && s < s_end) {
       const long long t0 = s * SLAB;
       const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
       long long b = t0 / L, l = t0 - b * L;
