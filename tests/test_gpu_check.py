@@ -100,3 +100,41 @@ def test_tests_compile_the_last_runs_instances_first(tmp_path):
     warm = next(i for i, c in enumerate(calls) if c.startswith("tools/warm_kernels.py"))
     assert calls[warm] == f"tools/warm_kernels.py {listed} --jobs 3"
     assert calls.index(next(c for c in calls if c.startswith("-m pytest -q -n"))) > warm
+
+
+def test_layouts_pass_their_channel_first_options_to_that_run_alone(tmp_path):
+    calls = [c for c in _calls(tmp_path, "layouts", LAYOUT_BCL_ARGS="--baseline-programs bwd_bcl_split")
+             if "conv1d_silu.bench" in c]
+    bcl, blc = calls
+    assert "--layout BCL --with-channel-last --baseline-programs bwd_bcl_split " in bcl
+    assert "baseline-programs" not in blc and "--floor" in bcl and "--floor" in blc
+
+
+def test_peers_builds_causal_conv1d_and_brings_the_built_tree_back(tmp_path):
+    """The peers stage builds causal-conv1d from CC1D_SRC, puts it on PYTHONPATH for the stages
+    after it, and returns the tree in parts that unpack to it (so a later call carries it)."""
+    src = tmp_path / "peers" / "causal-conv1d"
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text("# stand-in\n")
+    (src / "causal_conv1d_cuda.so").write_bytes(b"built")
+    (src / "build").mkdir()
+    (src / "build" / "kernel.o").write_bytes(b"object")
+    calls = _calls(tmp_path, "peers", CC1D_SRC=str(src))
+    assert f"tools/build_causal_conv1d.py {src}" in calls
+    out = tmp_path / "out"
+    parts = sorted(out.glob("cc1d_built.tgz.*"))
+    assert parts and not (out / "peers.txt").exists()  # the log went into logs.tgz, the parts stay
+    back = tmp_path / "back"
+    back.mkdir()
+    subprocess.run(f"cat {' '.join(map(str, parts))} | tar xzf - -C {back}", shell=True, check=True)
+    assert (back / "causal-conv1d" / "causal_conv1d_cuda.so").read_bytes() == b"built"
+    assert not (back / "causal-conv1d" / "build").exists()  # the object files stay behind
+    again = tmp_path / "again"
+    again.mkdir()
+    _calls(again, "peers", CC1D_SRC=str(src), PEERS_KEEP="")  # PEERS_KEEP= : the tree stays there
+    assert not list((again / "out").glob("cc1d_built.tgz.*"))
+
+
+def test_peers_without_a_source_says_so_and_builds_nothing(tmp_path):
+    calls = _calls(tmp_path, "peers", CC1D_SRC=str(tmp_path / "nowhere"))
+    assert not any("build_causal_conv1d" in c for c in calls)

@@ -3,8 +3,9 @@
 
     python3 tools/build_causal_conv1d.py SRC [--arch sm_90] [--jobs 4] [--all-dtypes]
 
-SRC is causal-conv1d's source tree (its sdist, ``pip download --no-deps --no-binary :all:
-causal-conv1d``, or a clone); nothing of it is part of this repository. Its setup.py compiles every
+SRC is causal-conv1d's source tree (its sdist, ``CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE pip download
+--no-deps --no-build-isolation --no-binary :all: causal-conv1d==1.7.0`` from an environment with torch,
+unpacked; or a clone); nothing of it is part of this repository. Its setup.py compiles every
 kernel for every architecture its CUDA knows (with one architecture patched in by hand, 286 s on an
 H100 machine). Here it compiles for one architecture and, unless ``--all-dtypes``, only the bf16 and
 fp32 kernels (fp16 leaves its dispatch and its explicit instantiations): the kernels the bench times
