@@ -286,21 +286,16 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    if constexpr (SPLIT) {
-      // x and dy of the round, loaded as the staging loads them (each thread's vectors i = thread +
-      // j bd, and the tail vector for the first NT threads, all in flight before any is used)
+    {
+      // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
+      // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
+      // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
+      // the tail vector for the first NT threads, all loaded before any is stored (or, split, used)
+      // so that they are in flight together, moved as raw words (no element-wise copies); the first
+      // one's (row, token) by one division, the others by adding
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
       I b = t / (I)L, l = t - b * (I)L;
       R x_raw[NV + 1], dy_raw[NV + 1];
-      auto step = [&]() {
-        t += (I)(bd * VEC);
-        b += step_b;
-        l += step_l;
-        if (l >= (I)L) {
-          l -= (I)L;
-          ++b;
-        }
-      };
 #pragma unroll
       for (int j = 0; j <= NV; ++j) {
         x_raw[j] = dy_raw[j] = R{};
@@ -308,154 +303,149 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
           x_raw[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
           dy_raw[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
         }
-        step();
-      }
-      // g of each vector into shared memory, x staged beside it for the slab walk. A vector's K-1
-      // taps: 0 at its row's start (no states), else the tokens before it, in the previous vector
-      // (its neighbour's load, an L1 hit) where one vector holds them all
-      t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
-      b = t / (I)L;
-      l = t - b * (I)L;
-#pragma unroll
-      for (int j = 0; j <= NV; ++j) {
-        const int i = (int)threadIdx.x + j * bd;
-        if (j < NV || (int)threadIdx.x < NT) {
-          if (!BARE) xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
-          if (t < (I)S) {
-            const T* __restrict__ xrow = xc + b * (I)a.x_bs;
-            A win[K - 1 + VEC];  // win[m]: token l - (K-1) + m
-            if (VEC >= K - 1 && l > 0) {
-              const R prev = load_ro(reinterpret_cast<const R*>(xrow + l - VEC));
-#pragma unroll
-              for (int m = 0; m < K - 1; ++m) win[m] = element<A, T>(prev, VEC - (K - 1) + m);
-            } else {
-              taps_before<K, false, A, T, I>(xrow, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, win);
-            }
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) win[K - 1 + e] = element<A, T>(x_raw[j], e);
-            if constexpr (BARE) {  // dx = x + dy, the taps added to the first token so that their loads stay
-              A dxv[VEC];
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) dxv[e] = win[K - 1 + e] + element<A, T>(dy_raw[j], e);
-#pragma unroll
-              for (int m = 0; m < K - 1; ++m) dxv[0] += win[m];
-              if (j < NV) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
-            } else {
-              A g[VEC];
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) {
-                const A dval = element<A, T>(dy_raw[j], e);
-                if (SILU) {
-                  A z = bv[0];
-#pragma unroll
-                  for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[e + k], z);
-                  g[e] = dval * silu_grad(z, sigmoid(z));
-                } else {
-                  g[e] = dval;
-                }
-              }
-              put_g(i, g);
-            }
-          }
+        t += (I)(bd * VEC);
+        b += step_b;
+        l += step_l;
+        if (l >= (I)L) {
+          l -= (I)L;
+          ++b;
         }
-        step();
       }
-      __syncthreads();
-      if constexpr (!BARE) {
-        // dx of the same vectors: dx[u] = sum_m w[K-1-m] g[u+m] over u's row (a part is whole rounds
-        // up to the sequence's end, so a vector inside S is one of this part's slabs)
+      if constexpr (SPLIT) {
+        // the next vector of this thread, as the loads step (inline there: through this lambda the
+        // routed instances' machine code is scheduled differently)
+        auto step = [&]() {
+          t += (I)(bd * VEC);
+          b += step_b;
+          l += step_l;
+          if (l >= (I)L) {
+            l -= (I)L;
+            ++b;
+          }
+        };
+        // g of each vector into shared memory, x staged beside it for the slab walk. A vector's K-1
+        // taps: 0 at its row's start (no states), else the tokens before it, in the previous vector
+        // (its neighbour's load, an L1 hit) where one vector holds them all
         t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
         b = t / (I)L;
         l = t - b * (I)L;
 #pragma unroll
-        for (int j = 0; j < NV; ++j) {
-          if (t < (I)S) {
-            const int i = (int)threadIdx.x + j * bd;
-            const I left = (I)L - l;  // tokens from the vector's first to its row's end (at least VEC)
-            A g[VEC + NT * VEC], dxv[VEC];
-            get_g(i, Int<VEC>{}, g);
-            get_g(i + 1, Int<K - 1>{}, g + VEC);
+        for (int j = 0; j <= NV; ++j) {
+          const int i = (int)threadIdx.x + j * bd;
+          if (j < NV || (int)threadIdx.x < NT) {
+            if (!BARE) xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+            if (t < (I)S) {
+              const T* __restrict__ xrow = xc + b * (I)a.x_bs;
+              A win[K - 1 + VEC];  // win[m]: token l - (K-1) + m
+              if (VEC >= K - 1 && l > 0) {
+                const R prev = load_ro(reinterpret_cast<const R*>(xrow + l - VEC));
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              A v = A(0);
+                for (int m = 0; m < K - 1; ++m) win[m] = element<A, T>(prev, VEC - (K - 1) + m);
+              } else {
+                taps_before<K, false, A, T, I>(xrow, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, win);
+              }
 #pragma unroll
-              for (int m = 0; m < K; ++m)
-                if (e + m < VEC || (I)(e + m) < left) v = fma_(wv[K - 1 - m][0], g[e + m], v);
-              dxv[e] = v;
+              for (int e = 0; e < VEC; ++e) win[K - 1 + e] = element<A, T>(x_raw[j], e);
+              if constexpr (BARE) {  // dx = x + dy, the taps added to the first token so that their loads stay
+                A dxv[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) dxv[e] = win[K - 1 + e] + element<A, T>(dy_raw[j], e);
+#pragma unroll
+                for (int m = 0; m < K - 1; ++m) dxv[0] += win[m];
+                if (j < NV) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
+              } else {
+                A g[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                  const A dval = element<A, T>(dy_raw[j], e);
+                  if (SILU) {
+                    A z = bv[0];
+#pragma unroll
+                    for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[e + k], z);
+                    g[e] = dval * silu_grad(z, sigmoid(z));
+                  } else {
+                    g[e] = dval;
+                  }
+                }
+                put_g(i, g);
+              }
             }
-            store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
           }
           step();
         }
-        // the slab's partial from the staged g and x, one fma per token in token order
-        if (s < s_end) {
-          const I t0 = (I)(s * SLAB), b0 = t0 / (I)L, l0 = t0 - b0 * (I)L;
-          const int lim = (int)min_<I>(min_<I>((I)S, (b0 + 1) * (I)L) - t0, (I)SLAB);  // live tokens
-          R x_words[NV];
+        __syncthreads();
+        if constexpr (!BARE) {
+          // dx of the same vectors: dx[u] = sum_m w[K-1-m] g[u+m] over u's row (a part is whole rounds
+          // up to the sequence's end, so a vector inside S is one of this part's slabs)
+          t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
+          b = t / (I)L;
+          l = t - b * (I)L;
 #pragma unroll
-          for (int q = 0; q < NV; ++q) x_words[q] = xs_raw[threadIdx.x * PV + q];
-          A taps[K - 1];
-          taps_before<K, false, A, T, I>(xc + b0 * (I)a.x_bs, init, C, c, l0, (int)min_<I>(l0, (I)(K - 1)), 0, n_docs,
-                                         taps);
-          auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
-          const G* gslab = reinterpret_cast<const G*>(gs + threadIdx.x * GP);
-          // checked: a liveness test per token, for a sequence's last slab alone
-          auto walk = [&](auto checked) {
-            static_for<0, SLAB / GV>([&](auto qq) {
-              constexpr int Q = decltype(qq)::value;
-              const G word = gslab[Q];
+          for (int j = 0; j < NV; ++j) {
+            if (t < (I)S) {
+              const int i = (int)threadIdx.x + j * bd;
+              const I left = (I)L - l;  // tokens from the vector's first to its row's end (at least VEC)
+              A g[VEC + NT * VEC], dxv[VEC];
+              get_g(i, Int<VEC>{}, g);
+              get_g(i + 1, Int<K - 1>{}, g + VEC);
 #pragma unroll
-              for (int e = 0; e < GV; ++e) {
-                const int J = Q * GV + e;
-                if (!decltype(checked)::value || J < lim) {
+              for (int e = 0; e < VEC; ++e) {
+                A v = A(0);
 #pragma unroll
-                  for (int k = 0; k < K; ++k) acc[k] = fma_(word.v[e], xat(J - (K - 1) + k), acc[k]);
-                  if (HAS_BIAS) acc[NB - 1] += word.v[e];
-                }
+                for (int m = 0; m < K; ++m)
+                  if (e + m < VEC || (I)(e + m) < left) v = fma_(wv[K - 1 - m][0], g[e + m], v);
+                dxv[e] = v;
               }
-            });
-          };
-          if (lim == SLAB) {
-            walk(Bool<false>{});
-          } else {
-            walk(Bool<true>{});
+              store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
+            }
+            step();
+          }
+          // the slab's partial from the staged g and x, one fma per token in token order
+          if (s < s_end) {
+            const I t0 = (I)(s * SLAB), b0 = t0 / (I)L, l0 = t0 - b0 * (I)L;
+            const int lim = (int)min_<I>(min_<I>((I)S, (b0 + 1) * (I)L) - t0, (I)SLAB);  // live tokens
+            R x_words[NV];
+#pragma unroll
+            for (int q = 0; q < NV; ++q) x_words[q] = xs_raw[threadIdx.x * PV + q];
+            A taps[K - 1];
+            taps_before<K, false, A, T, I>(xc + b0 * (I)a.x_bs, init, C, c, l0, (int)min_<I>(l0, (I)(K - 1)), 0, n_docs,
+                                           taps);
+            auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
+            const G* gslab = reinterpret_cast<const G*>(gs + threadIdx.x * GP);
+            // checked: a liveness test per token, for a sequence's last slab alone
+            auto walk = [&](auto checked) {
+              static_for<0, SLAB / GV>([&](auto qq) {
+                constexpr int Q = decltype(qq)::value;
+                const G word = gslab[Q];
+#pragma unroll
+                for (int e = 0; e < GV; ++e) {
+                  const int J = Q * GV + e;
+                  if (!decltype(checked)::value || J < lim) {
+#pragma unroll
+                    for (int k = 0; k < K; ++k) acc[k] = fma_(word.v[e], xat(J - (K - 1) + k), acc[k]);
+                    if (HAS_BIAS) acc[NB - 1] += word.v[e];
+                  }
+                }
+              });
+            };
+            if (lim == SLAB) {
+              walk(Bool<false>{});
+            } else {
+              walk(Bool<true>{});
+            }
           }
         }
-      }
-    } else {
-      // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
-      // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
-      // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
-      // the tail vector for the first NT threads, all loaded before any is stored so that they are
-      // in flight together, moved as raw words (no element-wise copies); the first one's (row,
-      // token) by one division, the others by adding
-      I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
-      I b = t / (I)L, l = t - b * (I)L;
-      R x_raw[NV + 1], dy_raw[NV + 1];
+      } else {
 #pragma unroll
-      for (int j = 0; j <= NV; ++j) {
-        x_raw[j] = dy_raw[j] = R{};
-        if ((j < NV || (int)threadIdx.x < NT) && t < (I)S) {
-          x_raw[j] = load_ro(reinterpret_cast<const R*>(xc + b * (I)a.x_bs + l));
-          dy_raw[j] = load_ro(reinterpret_cast<const R*>(dyc + b * (I)a.dy_bs + l));
+        for (int j = 0; j <= NV; ++j) {
+          if (j < NV || (int)threadIdx.x < NT) {
+            const int i = (int)threadIdx.x + j * bd;
+            xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+            ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
+          }
         }
-        t += (I)(bd * VEC);
-        b += step_b;
-        l += step_l;
-        if (l >= (I)L) {
-          l -= (I)L;
-          ++b;
-        }
+        __syncthreads();
       }
-#pragma unroll
-      for (int j = 0; j <= NV; ++j) {
-        if (j < NV || (int)threadIdx.x < NT) {
-          const int i = (int)threadIdx.x + j * bd;
-          xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
-          ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
-        }
-      }
-      __syncthreads();
     }
     if (!SPLIT && SIMPLE && s < s_end) {
       const I t0 = (I)(s * SLAB), b = t0 / (I)L, l = t0 - b * (I)L;
