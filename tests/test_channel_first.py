@@ -175,6 +175,29 @@ def test_the_split_round_gives_the_same_bits(kernel_backend, monkeypatch, case, 
         assert got["dx"][0].isfinite().all() and not got["dx"][1, 0, 0].isfinite()
 
 
+def test_the_split_round_forced_on_channel_last_x_gives_its_bits(kernel_backend):
+    """bwd_bcl_split named for channel-last x (S, C) runs on a channel-first copy and returns dx in
+    x's layout, with the routed channel-last call's bits."""
+    dev = kernel_backend.device
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(300, 24, generator=gen).to(torch.bfloat16).to(dev)
+    w, b = torch.randn(24, 4, generator=gen).to(dev), torch.randn(24, generator=gen).to(dev)
+    dy = torch.randn(300, 24, generator=gen).to(torch.bfloat16).to(dev)
+
+    def grads(program):
+        leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+        causal_conv1d_silu(*leaves, program=program).backward(dy)
+        return [t.grad for t in leaves]
+
+    want, got = grads(None), grads("bwd_bcl_split")
+    if kernel_backend.name == "emu":
+        assert ops._launcher.launches[-1].kernel.startswith("conv1d_silu_bwd_bcl<")  # its CTAs write the root
+        assert ops._launcher.launches[-1].kernel.endswith(", true, true>")
+    assert got[0].stride() == x.stride()
+    for name, g, r in zip(("dx", "dw", "db"), got, want):
+        assert torch.equal(g, r), name
+
+
 def test_the_split_round_climbs_to_the_same_bits(kernel_backend, monkeypatch):
     """The split round's partials climb through running sums as the routed walk's (forced at 2^16
     tokens, with its last slab short)."""
