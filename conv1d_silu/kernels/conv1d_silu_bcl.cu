@@ -354,11 +354,16 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
                 for (int m = 0; m < K - 1; ++m) dxv[0] += win[m];
                 if (j < NV) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
               } else {
+                // of a tail vector only the K-1 tokens that dx reads (warp 0 would otherwise hold the
+                // round's barrier for a whole vector more than the others)
+                const int need = j < NV ? VEC : NT == 1 ? K - 1 : (K - 1) - (int)threadIdx.x * VEC;
                 A g[VEC];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                   const A dval = element<A, T>(dy_raw[j], e);
-                  if (SILU) {
+                  if (e >= need) {
+                    g[e] = A(0);
+                  } else if (SILU) {
                     A z = bv[0];
 #pragma unroll
                     for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[e + k], z);
