@@ -207,6 +207,9 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   constexpr int PV = PADDED / VEC;    // vectors per staged slab
   V* xs = reinterpret_cast<V*>(smem_raw + (NB * (bd + n1 + n2) * sizeof(A) + 15) / 16 * 16);
   V* ds = xs + bd * PV + NT;
+  using R = Raw<T, VEC>;  // the same layout, as raw words
+  R* xs_raw = reinterpret_cast<R*>(xs);
+  R* ds_raw = reinterpret_cast<R*>(ds);
   // SPLIT: g of the round in place of dy, GP values a slab (one 16-byte padding vector, so a
   // quarter-warp's 16-byte accesses to its slabs or vectors hit distinct banks), then the tail's
   constexpr int GP = SLAB + 16 / (int)sizeof(A);
@@ -252,9 +255,6 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       }
     });
   };
-  using R = Raw<T, VEC>;  // the same layout, as raw words
-  R* xs_raw = reinterpret_cast<R*>(xs);
-  R* ds_raw = reinterpret_cast<R*>(ds);
   const T* __restrict__ xc = x + (I)c * (I)a.x_cs;  // channel c of batch row 0
   const T* __restrict__ dyc = dy + (I)c * (I)a.dy_cs;
   // a staging thread's next vector is bd vectors on: step_b rows and step_l tokens further
