@@ -157,13 +157,14 @@ def backward_launches(
     # the accumulator type, each slab and 16 bytes of padding, then the tail)
     simple = simple_walk(mode, has_init, B, L)
     split = split and simple
-    rows = block * (SLAB + vec) + -(-(K - 1) // vec) * vec
-    acc = accumulator_dtype(dtype).itemsize
+    tail = -(-(K - 1) // vec) * vec  # tokens of the tail vectors
+    x_bytes = (block * (SLAB + vec) + tail) * itemsize
     if split:
-        rows = -(-rows * itemsize // 16) * 16 + block * (SLAB + 16 // acc) * acc + -(-(K - 1) // vec) * vec * acc
+        acc = accumulator_dtype(dtype).itemsize
+        staged = -(-x_bytes // 16) * 16 + (block * (SLAB + 16 // acc) + tail) * acc
     else:
-        rows = 2 * rows * itemsize
-    smem = -(-smem // 16) * 16 + rows
+        staged = 2 * x_bytes
+    smem = -(-smem // 16) * 16 + staged
     # a staging thread's token numbers run past S by less than a round and two sweeps of the CTA's
     # vectors: less than two rounds
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + 2 * block * SLAB >= 2**31
