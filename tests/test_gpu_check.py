@@ -21,19 +21,29 @@ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo '{{}}' > "$2"; shift; done
 """
 
 
-def _calls(tmp_path: Path, stages: str, **env: str) -> list[str]:
-    """Every python3 call of ``tools/gpu-check STAGES``, without the ``python3 `` in front."""
+# Records its limit and runs the command it wraps.
+TIMEOUT_STUB = """#!/usr/bin/env bash
+while [ "${{1#-}}" != "$1" ]; do shift 2; done
+echo "timeout $1" >> "{log}"
+shift
+exec "$@"
+"""
+
+
+def _calls(tmp_path: Path, stages: str, prefix: str = "python3 ", **env: str) -> list[str]:
+    """Every python3 call of ``tools/gpu-check STAGES``, without the ``python3 `` in front (with
+    ``prefix="timeout "``, the limit of every call run under ``timeout``)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir()
-    for tool in ("python3", "nvidia-smi"):
+    for tool, text in (("python3", STUB), ("nvidia-smi", STUB), ("timeout", TIMEOUT_STUB)):
         stub = bin_dir / tool
-        stub.write_text(STUB.format(tool=tool, log=log))
+        stub.write_text(text.format(tool=tool, log=log))
         stub.chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
             "CUPY_CACHE_DIR": str(tmp_path / "no-cache"), "CONV1D_SILU_RECORD_INSTANCES": "", **env}
     subprocess.run(["bash", str(ROOT / "tools" / "gpu-check"), *stages.split()], env=full, check=True,
                    capture_output=True, timeout=60)
-    return [line.removeprefix("python3 ") for line in log.read_text().splitlines() if line.startswith("python3 ")]
+    return [line.removeprefix(prefix) for line in log.read_text().splitlines() if line.startswith(prefix)]
 
 
 def _tune_parts(calls: list[str]) -> list[str]:
@@ -100,6 +110,19 @@ def test_tests_compile_the_last_runs_instances_first(tmp_path):
     warm = next(i for i, c in enumerate(calls) if c.startswith("tools/warm_kernels.py"))
     assert calls[warm] == f"tools/warm_kernels.py {listed} --jobs 3"
     assert calls.index(next(c for c in calls if c.startswith("-m pytest -q -n"))) > warm
+
+
+def test_layouts_fit_what_the_checks_seconds_leave(tmp_path):
+    """Unbounded, each layout run gets LAYOUT_TIMEOUT; with GPU_CHECK_SECONDS (less a 30 s margin)
+    the channel-first run gets LAYOUT_BCL_SHARE percent of what is left and the channel-last run
+    the rest (the stand-in runs return at once)."""
+    for run in "abc":
+        (tmp_path / run).mkdir()
+    assert _calls(tmp_path / "a", "layouts", "timeout ", LAYOUT_TIMEOUT="420") == ["420", "420"]
+    bcl, blc = map(int, _calls(tmp_path / "b", "layouts", "timeout ", LAYOUT_TIMEOUT="420",
+                               GPU_CHECK_SECONDS="230", LAYOUT_BCL_SHARE="50"))
+    assert 95 <= bcl <= 100 and 195 <= blc <= 200
+    assert _calls(tmp_path / "c", "layouts", "timeout ", LAYOUT_TIMEOUT="150", GPU_CHECK_SECONDS="600") == ["150", "150"]
 
 
 def test_layouts_pass_their_channel_first_options_to_that_run_alone(tmp_path):
