@@ -112,17 +112,18 @@ def test_tests_compile_the_last_runs_instances_first(tmp_path):
     assert calls.index(next(c for c in calls if c.startswith("-m pytest -q -n"))) > warm
 
 
-def test_layouts_fit_what_the_checks_seconds_leave(tmp_path):
+def test_stages_fit_what_the_checks_seconds_leave(tmp_path):
     """Unbounded, each layout run gets LAYOUT_TIMEOUT; with GPU_CHECK_SECONDS (less a 30 s margin)
     the channel-first run gets LAYOUT_BCL_SHARE percent of what is left and the channel-last run
     the rest (the stand-in runs return at once)."""
-    for run in "abc":
+    for run in "abcd":
         (tmp_path / run).mkdir()
     assert _calls(tmp_path / "a", "layouts", "timeout ", LAYOUT_TIMEOUT="420") == ["420", "420"]
     bcl, blc = map(int, _calls(tmp_path / "b", "layouts", "timeout ", LAYOUT_TIMEOUT="420",
                                GPU_CHECK_SECONDS="230", LAYOUT_BCL_SHARE="50"))
     assert 95 <= bcl <= 100 and 195 <= blc <= 200
     assert _calls(tmp_path / "c", "layouts", "timeout ", LAYOUT_TIMEOUT="150", GPU_CHECK_SECONDS="600") == ["150", "150"]
+    assert 65 <= int(*_calls(tmp_path / "d", "bench", "timeout ", GPU_CHECK_SECONDS="100")) <= 70  # every stage
 
 
 def test_layouts_pass_their_channel_first_options_to_that_run_alone(tmp_path):
