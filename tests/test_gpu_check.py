@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
-# Records its arguments and, like the tuner and the bench, writes the file named after --json.
+# Records its arguments and, like the tuner and the bench, writes the file named after --json; a
+# build of causal-conv1d takes STUB_BUILD_SECONDS and says when it ends.
 STUB = """#!/usr/bin/env bash
 echo "{tool} $*" >> "{log}"
+case "$*" in *build_causal_conv1d*) sleep ${{STUB_BUILD_SECONDS:-0}}; echo "built" >> "{log}";; esac
 while [ $# -gt 0 ]; do [ "$1" = --json ] && echo '{{}}' > "$2"; shift; done
 """
 
@@ -157,6 +159,23 @@ def test_peers_builds_causal_conv1d_and_brings_the_built_tree_back(tmp_path):
     again.mkdir()
     _calls(again, "peers", CC1D_SRC=str(src), PEERS_KEEP="")  # PEERS_KEEP= : the tree stays there
     assert not list((again / "out").glob("cc1d_built.tgz.*"))
+
+
+def test_peers_in_the_background_build_while_the_gpu_stages_run(tmp_path):
+    """PEERS_BACKGROUND=1: the stages that time no peer run during the build, the first that does
+    waits for it; without it the build comes first."""
+    src = tmp_path / "peers" / "causal-conv1d"
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text("# stand-in\n")
+    for run, background in (("bg", "1"), ("fg", "")):
+        (tmp_path / run).mkdir()
+        calls = _calls(tmp_path / run, "peers programs layouts", "", CC1D_SRC=str(src), PEERS_BACKGROUND=background,
+                       STUB_BUILD_SECONDS="1", PEERS_KEEP="")
+        order = [("build" if "build_causal" in c else "built" if c == "built" else "tune" if "conv1d_silu.tune" in c
+                  else "bench" if "conv1d_silu.bench" in c else None) for c in calls]
+        order = [o for o in order if o]
+        assert order == (["build", "tune", "built", "bench", "bench"] if background else
+                         ["build", "built", "tune", "bench", "bench"]), (run, order)
 
 
 def test_peers_without_a_source_says_so_and_builds_nothing(tmp_path):
