@@ -127,20 +127,6 @@ PROGRAMS: dict[str, Program] = {
             slabs_per_lane=8,
             vec_bytes=8,
         ),
-        # Where the eight-slab grid is a wave and a sliver (16384 x 5120: 1.21 waves of 256-thread
-        # CTAs, two per SM) or less than one (16384 x 2560: 160 CTAs leave 28 SMs with two and 104
-        # with one), eight-vector tiles spread it over every SM in the finest steps; unrouted until a
-        # GPU times it at the Mamba shapes.
-        Program(
-            "rowgroup_long8_8b",
-            "bwd",
-            "row groups of 64 slabs (8 per thread), 8-byte accesses, channel tiles of 8 vectors (64 threads): "
-            "the finest spread of a partial wave",
-            max_tile_vectors=8,
-            slabs_per_lane=8,
-            vec_bytes=8,
-            routed=False,
-        ),
         Program(
             "rowgroup_flat_8b",
             "bwd",
