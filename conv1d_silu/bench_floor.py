@@ -117,6 +117,8 @@ def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
         chosen[d] = program = ops.choose(d, xv, weight, has_bias, doc, False, p)
         if not (program.cuda and program.layout == "BCL"):
             raise ValueError(f"program: {program.name!r} is no channel-first {d} program: it has no bare launch here")
+        if program.chain:
+            raise ValueError(f"program: {program.name!r} (a chained round) has no bare launch")
     if not gpu_bcl.simple_walk(doc.mode, False, B, L):
         raise ValueError(f"x: {B} rows of {L} tokens take the document walk, which has no bare launch")
     y, dx = gpu_bcl.like_x(xv), gpu_bcl.like_x(xv)
@@ -128,7 +130,7 @@ def _channel_first(x, weight, bias, dy, fwd_program, bwd_program) -> Floor:
     bwd, _, ws_elems = gpu_bcl.backward_launches(
         x.dtype, weight.dtype, weight.dtype, K, B, C, L,
         (*gpu_bcl.strides(xv), *gpu_bcl.strides(dyv), *gpu_bcl.strides(dx)), gpu.alignment(xv, dyv, dx), has_bias,
-        doc.mode, False, True, n_docs, has_table, False, chosen["bwd"].split,
+        doc.mode, False, True, n_docs, has_table, False,
     )
     launcher, device = ops.launcher(), x.device
     fwd, bwd = (

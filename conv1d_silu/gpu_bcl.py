@@ -133,11 +133,12 @@ def simple_walk(mode: int, has_init: bool, B: int, L: int) -> bool:
 def backward_launches(
     dtype: torch.dtype, wdtype: torch.dtype, gdtype: torch.dtype, K: int, B: int, C: int, L: int,
     spans: tuple[int, ...], align: int, has_bias: bool, mode: int, has_init: bool, silu: bool, n_docs: int,
-    has_table: bool, accumulate: bool, split: bool = False,
+    has_table: bool, accumulate: bool, chain: int = 0,
 ) -> tuple[Launch, Launch | None, int]:
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
-    workspace's element count; spans: the (batch, channel) strides of x, dy and dx; split: the split
-    round (routes.Program.split) where the simple walk applies."""
+    workspace's element count; spans: the (batch, channel) strides of x, dy and dx; chain: the
+    chained round's vectors per lane (routes.Program.chain) where the simple walk applies and a
+    vector holds a token's K-1 taps (else the staged round)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, L, spans, align)
     S = B * L
@@ -153,24 +154,20 @@ def backward_launches(
     ws_nodes = 0 if top == root else nodes[top]  # the CTAs' nodes, which the fold takes to the root
     nb = K + has_bias
     smem = nb * (block + block // FAN + block // FAN**2) * accumulator_dtype(dtype).itemsize
-    # x and dy of a round: each slab and a padding vector, then the tail vectors; split: x and g (in
-    # the accumulator type, each slab and 16 bytes of padding, then the tail)
+    # x and dy of a round: each slab and a padding vector, then the tail vectors (the chained round
+    # stages nothing: its lanes keep their vectors in registers)
     simple = simple_walk(mode, has_init, B, L)
-    split = split and simple
+    nv = SLAB // vec
+    chain = chain if simple and chain and nv % chain == 0 and vec >= K - 1 else 0
     tail = -(-(K - 1) // vec) * vec  # tokens of the tail vectors
-    x_bytes = (block * (SLAB + vec) + tail) * itemsize
-    if split:
-        acc = accumulator_dtype(dtype).itemsize
-        staged = -(-x_bytes // 16) * 16 + (block * (SLAB + 16 // acc) + tail) * acc
-    else:
-        staged = 2 * x_bytes
+    staged = 0 if chain else 2 * (block * (SLAB + vec) + tail) * itemsize
     smem = -(-smem // 16) * 16 + staged
     # a staging thread's token numbers run past S by less than a round and two sweeps of the CTA's
     # vectors: less than two rounds
     wide = _wide(B, L, C, spans, n_docs, K) or ws_nodes * nb * C >= 2**31 or S + 2 * block * SLAB >= 2**31
     kernel = kernels.name_expression(
         "conv1d_silu_bwd_bcl", dtype, wdtype, gdtype, K, vec, has_bias, mode, has_init, silu,
-        "long long" if wide else "int", simple, split,
+        "long long" if wide else "int", simple, chain,
     )
     args = Args(
         "conv1d_silu_bwd_bcl", BWD_TENSORS,
@@ -200,7 +197,7 @@ def backward(
     launcher: Launcher = CUDA,
     dx: torch.Tensor | None = None,
     keep_scratch: bool = True,
-    split: bool = False,
+    chain: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx (x's layout, or written into ``dx``, any channel-first view), dweight (C, K), dbias,
     dinitial_states, of channel-first x and dy; ``weight_grad_out`` as for gpu.backward."""
@@ -216,7 +213,7 @@ def backward(
     launch, fold, ws_elems = backward_launches(
         x.dtype, weight.dtype, dw.dtype, K, B, C, L, (*strides(x), *strides(dy), *strides(dx)), alignment(x, dy, dx),
         bias is not None, doc.mode, init is not None, silu, doc.num_docs or 0, doc.table is not None, accumulate,
-        split,
+        chain,
     )
     workspace, _ = backward_scratch(ws_elems, accumulator_dtype(x.dtype), 0, x.device, keep_scratch)
     tensors = (x, dy, dense(weight), dense(bias), doc.table, init, dx, dinit, dw, db, workspace)

@@ -280,7 +280,7 @@ def _backward_across_layouts(
         into = None  # computed in storage of its own, then copied
     dx, dw, db, dinit = gpu_bcl.backward(
         dyf, xf, weight, bias, doc, initial_states, silu, grad_dtype, weight_grad_out, bias_grad_out, _launcher,
-        into, keep_scratch, prog.split,
+        into, keep_scratch, prog.chain,
     )
     if dfinal is not None:
         add_final_state_grads(dx, dinit, dfinal, doc, weight.shape[1])

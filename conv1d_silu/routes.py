@@ -51,7 +51,7 @@ class Program:
     # (node, vector) columns of cta_lanes lanes each, one ticket per column
     flat: bool = False
     layout: str = "BLC"  # the memory layout of x it reads in place (another is copied to it first)
-    split: bool = False  # channel-first backward: g and dx by the loading threads, the slab walk sums partials
+    chain: int = 0  # channel-first backward: vectors per lane of the chained round (0: the staged round)
 
     @property
     def cta_level(self) -> int:
@@ -204,16 +204,26 @@ PROGRAMS: dict[str, Program] = {
             "Where no document starts inside a slab and there are no states, a walk without document rings",
             layout="BCL",
         ),
-        # dx stored by the threads that load the vectors (consecutive 16-byte stores per warp) and the
-        # walk left with the partials, at 3 CTAs per SM (g staged in fp32 takes more shared memory)
+        # No staging: each lane loads its own vectors (a warp's 16-byte loads and stores consecutive),
+        # computes g and dx in registers, and chains its slab's partial through the slab's lanes
+        # by shuffles; one vector per lane (a slab over four lanes) or two (over two lanes, 16 bytes
+        # at a 32-byte stride per warp instruction)
         Program(
-            "bwd_bcl_split",
+            "bwd_bcl_chain",
             "bwd",
-            "channel-first backward whose loading threads compute g and dx of their vectors and stage g; "
-            "each thread then sums one slab's partials from shared memory (the document walk where "
-            "documents start inside slabs or states are given)",
+            "channel-first backward without staging: each lane computes g and dx of one vector a step from "
+            "coalesced loads, and a slab's partial is chained through its four lanes (the document walk "
+            "where documents start inside slabs or states are given)",
             layout="BCL",
-            split=True,
+            chain=1,
+            routed=False,
+        ),
+        Program(
+            "bwd_bcl_chain2",
+            "bwd",
+            "bwd_bcl_chain with two consecutive vectors a lane, a slab's partial chained through two lanes",
+            layout="BCL",
+            chain=2,
             routed=False,
         ),
         Program(

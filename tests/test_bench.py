@@ -455,7 +455,7 @@ def test_a_channel_first_run_times_our_channel_last_call_beside_it(kernel_backen
     unrouted channel-first program named by --baseline-programs runs beside them."""
     args = bench.parser().parse_args(
         ["--layout", "BCL", "--with-channel-last", "--baselines", "--calls", "fwd", "bwd", "--dtype", "fp32", "--no-host",
-         "--baseline-programs", "bwd_bcl_split"]
+         "--baseline-programs", "bwd_bcl_chain"]
     )
     device = torch.device(kernel_backend.device)
     x, w, b, dy = bench.shape_inputs(4096, 16, 4, torch.float32, device, "BCL")
@@ -466,13 +466,13 @@ def test_a_channel_first_run_times_our_channel_last_call_beside_it(kernel_backen
         ops._launcher.launches.clear()
     rows = bench._shape_rows(args, bench._impls(args, "BCL"), 4096, 16, timer, timer, 1e12, torch.float32, device)
     assert {(r.impl, r.call) for r in rows} >= {
-        ("conv1d_silu[BLC]", "fwd"), ("conv1d_silu[BLC]", "bwd"), ("conv1d_silu[bwd_bcl_split]", "bwd")
+        ("conv1d_silu[BLC]", "fwd"), ("conv1d_silu[BLC]", "bwd"), ("conv1d_silu[bwd_bcl_chain]", "bwd")
     }
-    assert {s["baseline"] for s in bench._speedups(rows)} == {"conv1d_silu[BLC]", "conv1d_silu[bwd_bcl_split]"}
+    assert {s["baseline"] for s in bench._speedups(rows)} == {"conv1d_silu[BLC]", "conv1d_silu[bwd_bcl_chain]"}
     if kernel_backend.name == "emu":
         kernels = {launch.kernel.split("<")[0] for launch in ops._launcher.launches}
         assert {"conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_fwd_bcl", "conv1d_silu_bwd_bcl"} <= kernels
-        assert any(launch.kernel.endswith(", true, true>") for launch in ops._launcher.launches)  # the split round
+        assert any(launch.kernel.endswith(", true, 1>") for launch in ops._launcher.launches)  # the chained round
 
 
 @pytest.mark.parametrize(
@@ -506,7 +506,6 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
         bench_floor.calls(x, w, b, dy, "reference")
 
 
-@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize(
     "B, C, L, dtype, climb",
     [
@@ -516,10 +515,10 @@ def test_floor_runs_the_programs_loads_and_stores(kernel_backend, S, C, fwd_prog
     ],
 )
 def test_channel_first_floor_runs_the_programs_loads_and_stores(
-    kernel_backend, monkeypatch, B, C, L, dtype, climb, split
+    kernel_backend, monkeypatch, B, C, L, dtype, climb
 ):
     """--floor with --layout BCL: the channel-first programs' bare launches, y = x and dx = x + dy
-    with the K-1 taps before each slab (bwd_bcl_split: each vector of 16 bytes) added to its first
+    with the K-1 taps before each slab added to its first
     token (0 before a row's start), every token written in x's layout; x and dy chunks of wider
     tensors (strides of their own)."""
     from conv1d_silu import bench_floor, gpu_bcl
@@ -532,7 +531,7 @@ def test_channel_first_floor_runs_the_programs_loads_and_stores(
         monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
     gpu_bcl.backward_launches.cache_clear()
     try:
-        floor = bench_floor.calls(x, w, None, dy, bwd_program="bwd_bcl_split" if split else None)
+        floor = bench_floor.calls(x, w, None, dy)
     finally:
         gpu_bcl.backward_launches.cache_clear()
     floor.y.fill_(float("nan"))
@@ -541,12 +540,20 @@ def test_channel_first_floor_runs_the_programs_loads_and_stores(
     floor.bwd()
     assert floor.y.shape == x.shape and torch.equal(floor.y, x)
     want = x.float() + dy.float()
-    # each slab's first token (slabs of 32, rows of whole slabs), or each vector's
-    starts = torch.arange(0, L, 16 // x.element_size() if split else 32, device=device)
+    # each slab's first token (slabs of 32, rows of whole slabs)
+    starts = torch.arange(0, L, 32, device=device)
     for m in range(K - 1):  # tap m of token l is token l - (K-1) + m, added in that order
         src = starts - (K - 1) + m
         want[..., starts[src >= 0]] += x.float()[..., src[src >= 0]]
     assert torch.equal(floor.dx, want.to(dtype))
+
+
+def test_a_chained_program_has_no_floor(kernel_backend):
+    from conv1d_silu import bench_floor
+
+    x = torch.randn(1, 2, 256, device=kernel_backend.device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="chained round.*no bare launch"):
+        bench_floor.calls(x, torch.randn(2, 4, device=x.device), None, x, bwd_program="bwd_bcl_chain")
 
 
 def test_channel_first_floor_needs_the_simple_walk(kernel_backend):

@@ -110,7 +110,7 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
         # the simple walk exactly where no document starts inside a slab and there are no initial states
         simple = docs == "none" and states in ("none", "final") and (B == 1 or L % 32 == 0)
         backward = [lau.kernel for lau in ops._launcher.launches if lau.kernel.startswith("conv1d_silu_bwd_bcl<")]
-        assert backward and all(k.endswith(f", {str(simple).lower()}, false>") for k in backward)  # SIMPLE, not SPLIT
+        assert backward and all(k.endswith(f", {str(simple).lower()}, 0>") for k in backward)  # SIMPLE, staged
     x_last = x.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, channel-last memory
     last = _run(x_last, w, b, kw, silu, grads)
     for name, got in first.items():
@@ -124,13 +124,14 @@ def test_channel_first_gives_the_channel_last_bits(kernel_backend, case):
     assert last["y"].stride(1) == 1 and last["dx"].stride(1) == 1
 
 
-SPLIT_CASES = [c for c in CASES if c[6] == "none"] + [
+CHAIN_CASES = [c for c in CASES if c[6] == "none"] + [
     (1, 3, 100, 4, torch.bfloat16, torch.float32, "none", "none", True, True, "weight"),  # the last slab 4 tokens
     (1, 2, 2051, 4, torch.float32, torch.float32, "none", "none", True, True, "fp32"),  # 1-token vectors, S past a round
     (3, 2, 96, 8, torch.float32, torch.float32, "none", "none", True, True, "weight"),  # tails of two vectors
     (24, 2, 64, 4, torch.bfloat16, torch.bfloat16, "none", "none", False, False, "main_grad"),  # 8 rows per sweep
     (2, 2, 64, 6, torch.float16, torch.float32, "none", "final", True, True, "weight"),
-    (2, 2, 64, 4, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 16-byte g words of 2
+    (2, 2, 64, 4, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 2-token vectors, K = 4
+    (2, 2, 64, 2, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 2-token vectors, K = 2
     (1, 2, 1001, 8, torch.float64, torch.float64, "none", "none", True, True, "weight"),  # 1-token vectors, K = 8
     (2, 2, 1030, 8, torch.bfloat16, torch.float32, "none", "none", True, True, "weight"),  # 2-token vectors
     (9, 2, 32, 8, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # rows of one slab
@@ -140,13 +141,26 @@ SPLIT_CASES = [c for c in CASES if c[6] == "none"] + [
 ]
 
 
+CHAINS = {"bwd_bcl_chain": 1, "bwd_bcl_chain2": 2}
+
+
+def _chained(kernel: str, simple: bool, chain: int) -> int:
+    """The CHAIN flag a launch of the chained program should carry: its vectors per lane where the
+    simple walk applies, the slab's vectors split evenly over lanes and a vector holds K-1 taps."""
+    args = kernel.split("<", 1)[1].rstrip(">").split(", ")
+    K, vec = int(args[3]), int(args[4])
+    return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 else 0
+
+
+@pytest.mark.parametrize("program", CHAINS)
 @pytest.mark.parametrize("wide", [False, True], ids=["int", "long"])
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
-def test_the_split_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide):
-    """bwd_bcl_split (g and dx by the loading threads, partials by the slab walk) computes the same
-    expressions in the same order as the routed walk: every output and gradient has its bits, with
-    32- and 64-bit offsets, and it runs the split round exactly where the simple walk applies. A
-    NaN g at a row's first token (x = inf there) stays out of the row before it."""
+@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
+def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide, program):
+    """bwd_bcl_chain (g and dx of each lane's own vectors, a slab's partial chained through its
+    lanes) computes the same expressions in the same order as the routed walk: every output and
+    gradient has its bits, with 32- and 64-bit offsets, and it runs the chained round exactly where
+    the simple walk applies and a vector holds a token's taps. A NaN g at a row's first token
+    (x = inf there) stays out of the row before it."""
     B, C, L, K, dtype, wdtype, docs, states, bias, silu, grads = case
     if wide and kernel_backend.name != "emu":
         pytest.skip("64-bit offsets are forced on the emulator; the GPU takes them at 2^31 elements")
@@ -158,11 +172,12 @@ def test_the_split_round_gives_the_same_bits(kernel_backend, monkeypatch, case, 
     gpu_bcl.backward_launches.cache_clear()
     try:
         want = _run(x, w, b, kw, silu, grads)
-        got = _run(x, w, b, {**kw, "program": "bwd_bcl_split"}, silu, grads)
+        got = _run(x, w, b, {**kw, "program": program}, silu, grads)
         if kernel_backend.name == "emu":
             simple = states in ("none", "final") and (B == 1 or L % 32 == 0)
             launch = next(lau for lau in reversed(ops._launcher.launches) if "bwd_bcl" in lau.kernel)
-            flags = f", {'long long' if wide else 'int'}, {str(simple).lower()}, {str(simple).lower()}>"
+            chain = _chained(launch.kernel, simple, CHAINS[program])
+            flags = f", {'long long' if wide else 'int'}, {str(simple).lower()}, {chain}>"
             assert launch.kernel.endswith(flags), launch.kernel
     finally:
         gpu_bcl.backward_launches.cache_clear()
@@ -175,8 +190,18 @@ def test_the_split_round_gives_the_same_bits(kernel_backend, monkeypatch, case, 
         assert got["dx"][0].isfinite().all() and not got["dx"][1, 0, 0].isfinite()
 
 
-def test_the_split_round_forced_on_channel_last_x_gives_its_bits(kernel_backend):
-    """bwd_bcl_split named for channel-last x (S, C) runs on a channel-first copy and returns dx in
+def test_the_chained_round_runs_for_the_mamba_shapes():
+    """At bf16 and K = 4 (16-byte vectors of 8 tokens) both chained programs take their round."""
+    for program, chain in CHAINS.items():
+        launch, _, _ = gpu_bcl.backward_launches(
+            torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 8, 64, 2048, (64 * 2048, 2048) * 3, 16, True, 0, False,
+            True, 0, False, False, chain)
+        assert launch.kernel.endswith(f", int, true, {chain}>"), (program, launch.kernel)
+
+
+@pytest.mark.parametrize("program", CHAINS)
+def test_the_chained_round_forced_on_channel_last_x_gives_its_bits(kernel_backend, program):
+    """A chained program named for channel-last x (S, C) runs on a channel-first copy and returns dx in
     x's layout, with the routed channel-last call's bits."""
     dev = kernel_backend.device
     gen = torch.Generator().manual_seed(8)
@@ -189,17 +214,18 @@ def test_the_split_round_forced_on_channel_last_x_gives_its_bits(kernel_backend)
         causal_conv1d_silu(*leaves, program=program).backward(dy)
         return [t.grad for t in leaves]
 
-    want, got = grads(None), grads("bwd_bcl_split")
+    want, got = grads(None), grads(program)
     if kernel_backend.name == "emu":
         assert ops._launcher.launches[-1].kernel.startswith("conv1d_silu_bwd_bcl<")  # its CTAs write the root
-        assert ops._launcher.launches[-1].kernel.endswith(", true, true>")
+        assert ops._launcher.launches[-1].kernel.endswith(f", true, {CHAINS[program]}>")
     assert got[0].stride() == x.stride()
     for name, g, r in zip(("dx", "dw", "db"), got, want):
         assert torch.equal(g, r), name
 
 
-def test_the_split_round_climbs_to_the_same_bits(kernel_backend, monkeypatch):
-    """The split round's partials climb through running sums as the routed walk's (forced at 2^16
+@pytest.mark.parametrize("program", CHAINS)
+def test_the_chained_round_climbs_to_the_same_bits(kernel_backend, monkeypatch, program):
+    """The chained round's partials climb through running sums as the routed walk's (forced at 2^16
     tokens, with its last slab short)."""
     x, w, b, _ = _case(1, 2, (1 << 16) - 8, 4, torch.bfloat16, torch.bfloat16, "none", "none", True,
                        kernel_backend.device)
@@ -207,7 +233,7 @@ def test_the_split_round_climbs_to_the_same_bits(kernel_backend, monkeypatch):
     monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
     gpu_bcl.backward_launches.cache_clear()
     try:
-        got = _run(x, w, b, {"program": "bwd_bcl_split"}, True, "weight")
+        got = _run(x, w, b, {"program": program}, True, "weight")
     finally:
         gpu_bcl.backward_launches.cache_clear()
     for name in ("dx", "dw", "db"):
@@ -373,7 +399,7 @@ def test_the_simple_walk_gives_the_channel_last_bits(kernel_backend, B, C, L, K,
     (y * torch.randn(y.shape, generator=gen).to(y)).sum().backward()
     if kernel_backend.name == "emu":
         backward = [lau.kernel for lau in ops._launcher.launches if lau.kernel.startswith("conv1d_silu_bwd_bcl<")]
-        assert backward and all(k.endswith(", true, false>") for k in backward)  # SIMPLE, not SPLIT
+        assert backward and all(k.endswith(", true, 0>") for k in backward)  # SIMPLE, staged
     for name, got in (("dx", xx.grad), ("dw", wg.grad), ("db", bg.grad)):
         torch.testing.assert_close(got, want[name], rtol=0, atol=0, equal_nan=True, msg=name)
     assert not wg.grad.isnan().any() and wg.grad[0].isinf().any()

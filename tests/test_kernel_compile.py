@@ -72,8 +72,9 @@ INSTANCES["conv1d_silu_bcl"] = [
     )
 ] + [
     kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, f32, 4, 8, True, BATCH, False, True, "long long", True),
-    # the unrouted split round (bwd_bcl_split)
-    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, True),
+    # the unrouted chained rounds (bwd_bcl_chain, bwd_bcl_chain2)
+    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, 1),
+    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, 2),
 ]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]
 # The route table's archs, and the generations below them that causal-conv1d builds for too.
@@ -190,9 +191,9 @@ HOT = [
                                                 True, "long long", True), 128),
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
                                                 True, "int", True), 64),
-    # the split round, held to three CTAs per SM (its shared memory allows no more)
+    # the chained round, held to three CTAs per SM (78 registers: at 64 it spills)
     ("conv1d_silu_bcl", kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False,
-                                                True, "int", True, True), 80),
+                                                True, "int", True, 1), 80),
 ]
 
 

@@ -188,6 +188,17 @@ template <typename T> C1S_FN T load_ro(const T* p) {
 // A vector of VEC elements of T held as its raw bits, moved by one load or store of its width.
 template <typename T, int VEC> using Raw = typename RoWord<VEC * (int)sizeof(T)>::type;
 
+// A raw vector's 32-bit words FROM.. from lane `src` of the warp (UP: from lane - src, a lane below
+// src keeping its own), every lane of the warp taking part; the other words stay the caller's.
+template <int FROM, bool UP = false, typename R> C1S_FN R shfl_words(R raw, int src) {
+  static_assert(sizeof(R) % 4 == 0, "whole 32-bit words");
+  unsigned int* w = reinterpret_cast<unsigned int*>(&raw);
+#pragma unroll
+  for (int i = FROM; i < (int)(sizeof(R) / 4); ++i)
+    w[i] = UP ? __shfl_up_sync(0xffffffffu, w[i], src) : __shfl_sync(0xffffffffu, w[i], src);
+  return raw;
+}
+
 // Element j (a compile-time index once unrolled) of a vector held raw: a 16-bit element is one
 // shift or mask of its 32-bit word. Converting a Vec<T, VEC> element by element costs the copies
 // that pick each 16-bit half out first.

@@ -149,19 +149,21 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // no document rings. With 16-byte vectors of 16-bit x, 32-bit offsets and K <= 4 it is held to 64
 // registers, four CTAs per SM, without spilling (other forms spill under that bound).
 //
-// SPLIT (the simple walk's cases only; unrouted, timed against it): the staging threads compute g
-// of the vectors they load (independent tokens, neighbouring threads neighbouring vectors), put it
-// in shared memory beside x, and after the round's barrier store dx of the same vectors (16 bytes
-// to consecutive addresses per warp instead of at a 64-byte stride); the slab walk then only sums
-// the partials from the staged g and x. dy is not staged. The same expressions in the same order:
-// the same bits.
+// CHAIN (the simple walk's cases where a vector holds a token's K-1 taps; unrouted, timed against
+// it): no staging. Each lane loads CHAIN consecutive vectors a step, a warp's lanes neighbouring
+// runs, so a warp instruction reads 32 x 16 consecutive bytes (CHAIN 1); a warp's NV / CHAIN steps
+// cover its 32 slabs. A lane computes g and dx of its own vectors in registers: the taps come from
+// the lane below (lane 0: lane 31 at the step before, or memory at the first step), the g of the
+// K-1 tokens after from the lane above (lane 31: lane 0 at the step after, or computed from memory
+// at the last step; the steps run last to first). A slab's vectors lie on NV / CHAIN neighbouring
+// lanes, and its partial is chained through them in token order by shuffles: the fmas of one
+// thread's walk, so the same bits.
 //
 // BARE (the bench's floor, never routed; the simple walk only): dx = x + dy, the staging, the taps'
-// loads and the stores of dx without the math, the slab partials and the fold (with SPLIT: the
-// loads of x, dy and each vector's taps, and dx stored by the loading thread).
+// loads and the stores of dx without the math, the slab partials and the fold.
 template <typename T, typename TW, typename TG, int K, int VEC, bool HAS_BIAS, int MODE, bool HAS_INIT,
-          bool SILU, typename I, bool SIMPLE, bool SPLIT = false, bool BARE = false>
-__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? (SPLIT ? 3 : 4) : 1)
+          bool SILU, typename I, bool SIMPLE, int CHAIN = 0, bool BARE = false>
+__global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && sizeof(I) == 4 && K <= 4 ? (CHAIN ? 3 : 4) : 1)
     conv1d_silu_bwd_bcl(const __grid_constant__ c1s::BwdBclArgs a) {
   using namespace c1s;
   griddep_launch_dependents();  // the fold may launch and wait for this grid in a free slot
@@ -174,7 +176,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   static_assert(!SIMPLE || (!HAS_INIT && (MODE == SINGLE || MODE == BATCH)),
                 "the simple walk knows no states or document tables");
   static_assert(!BARE || SIMPLE, "the bare walk is the simple one's");
-  static_assert(!SPLIT || SIMPLE, "the split round is the simple walk's");
+  static_assert(!CHAIN || (SIMPLE && !BARE && NV % CHAIN == 0 && VEC >= K - 1),
+                "the chained round is the simple walk's, with a vector holding a token's taps");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -210,51 +213,6 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   using R = Raw<T, VEC>;  // the same layout, as raw words
   R* xs_raw = reinterpret_cast<R*>(xs);
   R* ds_raw = reinterpret_cast<R*>(ds);
-  // SPLIT: g of the round in place of dy, GP values a slab (one 16-byte padding vector, so a
-  // quarter-warp's 16-byte accesses to its slabs or vectors hit distinct banks), then the tail's
-  constexpr int GP = SLAB + 16 / (int)sizeof(A);
-  A* gs = reinterpret_cast<A*>(reinterpret_cast<unsigned char*>(xs) + ((bd * PV + NT) * sizeof(V) + 15) / 16 * 16);
-  // g of vector i of the round (i < bd NV: its slabs' vectors, then the tail's), moved 16 bytes at a
-  // time where the vector fills 16-byte words
-  constexpr int GV = 16 / (int)sizeof(A);
-  using G = Vec<A, GV>;
-  auto g_of = [&](int i) { return gs + (i / NV) * GP + (i % NV) * VEC; };
-  auto put_g = [&](int i, const A (&g)[VEC]) {
-    A* at = g_of(i);
-    if constexpr (VEC % GV == 0) {
-#pragma unroll
-      for (int q = 0; q < VEC / GV; ++q) {
-        G word;
-#pragma unroll
-        for (int e = 0; e < GV; ++e) word.v[e] = g[q * GV + e];
-        reinterpret_cast<G*>(at)[q] = word;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) at[e] = g[e];
-    }
-  };
-  // the first N values of g from vector i on (any N: the vectors after it as far as needed)
-  auto get_g = [&](int i, auto n, A* out) {
-    constexpr int N = decltype(n)::value;
-    static_for<0, (N + VEC - 1) / VEC>([&](auto qq) {
-      constexpr int q = decltype(qq)::value;
-      const A* at = g_of(i + q);
-      constexpr int M = N - q * VEC < VEC ? N - q * VEC : VEC;  // values of this vector
-      if constexpr (VEC % GV == 0) {
-#pragma unroll
-        for (int r = 0; r < (M + GV - 1) / GV; ++r) {
-          const G word = reinterpret_cast<const G*>(at)[r];
-#pragma unroll
-          for (int e = 0; e < GV; ++e)
-            if (r * GV + e < M) out[q * VEC + r * GV + e] = word.v[e];
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < M; ++e) out[q * VEC + e] = at[e];
-      }
-    });
-  };
   const T* __restrict__ xc = x + (I)c * (I)a.x_cs;  // channel c of batch row 0
   const T* __restrict__ dyc = dy + (I)c * (I)a.dy_cs;
   // a staging thread's next vector is bd vectors on: step_b rows and step_l tokens further
@@ -286,11 +244,189 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
 #pragma unroll
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
-    {
+    if constexpr (CHAIN > 0) {
+      constexpr int SL = NV / CHAIN;          // lanes a slab spans, and steps of a round
+      constexpr int STEP = 32 * CHAIN * VEC;  // tokens from a lane's vectors of one step to the next's
+      constexpr int KW = K - 1 + VEC;         // a vector's window: its K-1 taps, then its tokens
+      constexpr int TAP_WORD = (VEC - (K - 1)) * (int)sizeof(T) / 4;  // the taps' first 32-bit word
+      const int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32, seg = lane % SL;
+      const I chain_b = (I)STEP / (I)L, chain_l = (I)STEP - chain_b * (I)L;
+      // (row, token) of the lane's first vector of the step: by one division, then by adding
+      I t = (I)(base * SLAB) + (I)((warp * 32 * NV + lane * CHAIN) * VEC);
+      I b = t / (I)L, l = t - b * (I)L;
+      // (token, row, token in the row) of the lane's vectors of the step
+      auto vectors = [&](I(&vt)[CHAIN], I(&vb)[CHAIN], I(&vl)[CHAIN]) {
+#pragma unroll
+        for (int v = 0; v < CHAIN; ++v) {
+          vt[v] = v == 0 ? t : vt[v > 0 ? v - 1 : 0] + (I)VEC;
+          vb[v] = v == 0 ? b : vb[v > 0 ? v - 1 : 0];
+          vl[v] = v == 0 ? l : vl[v > 0 ? v - 1 : 0] + (I)VEC;
+          if (vl[v] == (I)L) {
+            vl[v] = 0;
+            ++vb[v];
+          }
+        }
+      };
+      R x_raw[SL][CHAIN], dy_raw[SL][CHAIN];
+#pragma unroll
+      for (int j = 0; j < SL; ++j) {  // every load in flight before any is used
+        I vt[CHAIN], vb[CHAIN], vl[CHAIN];
+        vectors(vt, vb, vl);
+#pragma unroll
+        for (int v = 0; v < CHAIN; ++v) {
+          x_raw[j][v] = dy_raw[j][v] = R{};
+          if (vt[v] < (I)S) {
+            x_raw[j][v] = load_ro(reinterpret_cast<const R*>(xc + vb[v] * (I)a.x_bs + vl[v]));
+            dy_raw[j][v] = load_ro(reinterpret_cast<const R*>(dyc + vb[v] * (I)a.dy_bs + vl[v]));
+          }
+        }
+        if (j < SL - 1) {
+          t += (I)STEP;
+          b += chain_b;
+          l += chain_l;
+          if (l >= (I)L) {
+            l -= (I)L;
+            ++b;
+          }
+        }
+      }
+      A carry[K - 1];  // lane 0's first K-1 values of g at the step after: lane 31's next tokens
+      static_for<0, SL>([&](auto jj) {
+        constexpr int j = SL - 1 - decltype(jj)::value;
+        I vt[CHAIN], vb[CHAIN], vl[CHAIN];
+        vectors(vt, vb, vl);
+        // the taps before the lane's first vector: the lane below's last; lane 0's, lane 31's at the
+        // step before, or at the first step from memory (an L1 or L2 hit: the warp below loads it)
+        R before = shfl_words<TAP_WORD, true>(x_raw[j][CHAIN - 1], 1);
+        if constexpr (j > 0) {
+          const R top = shfl_words<TAP_WORD>(x_raw[j > 0 ? j - 1 : 0][CHAIN - 1], 31);
+          if (lane == 0) before = top;
+        } else if (lane == 0 && vl[0] > 0 && vt[0] < (I)S) {
+          before = load_ro(reinterpret_cast<const R*>(xc + vb[0] * (I)a.x_bs + vl[0] - VEC));
+        }
+        A win[CHAIN][KW], g[CHAIN][VEC];
+#pragma unroll
+        for (int v = 0; v < CHAIN; ++v) {
+          const R& prev = v == 0 ? before : x_raw[j][v > 0 ? v - 1 : 0];
+#pragma unroll
+          for (int m = 0; m < K - 1; ++m) win[v][m] = vl[v] > 0 ? element<A, T>(prev, VEC - (K - 1) + m) : A(0);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) win[v][K - 1 + e] = element<A, T>(x_raw[j][v], e);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const A dval = element<A, T>(dy_raw[j][v], e);
+            if (SILU) {
+              A z = bv[0];
+#pragma unroll
+              for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[v][e + k], z);
+              g[v][e] = dval * silu_grad(z, sigmoid(z));
+            } else {
+              g[v][e] = dval;
+            }
+          }
+        }
+        // g of the K-1 tokens after the lane's last vector (used only inside its row)
+        A after[K - 1];
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) after[m] = __shfl_down_sync(0xffffffffu, g[0][m], 1);
+        if constexpr (j < SL - 1) {
+          if (lane == 31) {
+#pragma unroll
+            for (int m = 0; m < K - 1; ++m) after[m] = carry[m];
+          }
+        } else if (lane == 31 && vl[CHAIN - 1] + (I)VEC < (I)L && vt[CHAIN - 1] + (I)VEC < (I)S) {
+          const I at = vl[CHAIN - 1] + (I)VEC;
+          const R xn = load_ro(reinterpret_cast<const R*>(xc + vb[CHAIN - 1] * (I)a.x_bs + at));
+          const R dn = load_ro(reinterpret_cast<const R*>(dyc + vb[CHAIN - 1] * (I)a.dy_bs + at));
+          A wn[2 * (K - 1)];  // tokens at - (K-1) .. at + K-2
+#pragma unroll
+          for (int m = 0; m < K - 1; ++m) {
+            wn[m] = win[CHAIN - 1][VEC + m];
+            wn[K - 1 + m] = element<A, T>(xn, m);
+          }
+#pragma unroll
+          for (int m = 0; m < K - 1; ++m) {
+            const A dval = element<A, T>(dn, m);
+            if (SILU) {
+              A z = bv[0];
+#pragma unroll
+              for (int k = 0; k < K; ++k) z = fma_(wv[k][0], wn[m + k], z);
+              after[m] = dval * silu_grad(z, sigmoid(z));
+            } else {
+              after[m] = dval;
+            }
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < K - 1; ++m) carry[m] = __shfl_sync(0xffffffffu, g[0][m], 0);
+        // dx[u] = sum_m w[K-1-m] g[u+m] over u's row
+#pragma unroll
+        for (int v = 0; v < CHAIN; ++v) {
+          if (vt[v] < (I)S) {
+            const I left = (I)L - vl[v];  // tokens from the vector's first to its row's end
+            A dxv[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              A sum = A(0);
+#pragma unroll
+              for (int m = 0; m < K; ++m) {
+                const int u = e + m;
+                const A gu = u < VEC           ? g[v][u < VEC ? u : 0]
+                             : v + 1 < CHAIN ? g[v + 1 < CHAIN ? v + 1 : v][u < VEC ? 0 : u - VEC]
+                                             : after[u < VEC ? 0 : u - VEC];
+                if (u < VEC || (I)u < left) sum = fma_(wv[K - 1 - m][0], gu, sum);
+              }
+              dxv[e] = sum;
+            }
+            store_vec(dx, vb[v] * (I)a.dx_bs + (I)c * (I)a.dx_cs + vl[v], dxv);
+          }
+        }
+        // the slab's partial, one fma per token in token order, passed up through its lanes
+        A part[NB];
+#pragma unroll
+        for (int k = 0; k < NB; ++k) part[k] = A(0);
+        static_for<0, SL>([&](auto qq) {
+          constexpr int q = decltype(qq)::value;
+          if (seg == q) {
+#pragma unroll
+            for (int v = 0; v < CHAIN; ++v) {
+              if (vt[v] < (I)S) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+#pragma unroll
+                  for (int k = 0; k < K; ++k) part[k] = fma_(g[v][e], win[v][e + k], part[k]);
+                  if (HAS_BIAS) part[NB - 1] += g[v][e];
+                }
+              }
+            }
+          }
+          if constexpr (q < SL - 1) {
+#pragma unroll
+            for (int k = 0; k < NB; ++k) {
+              const A below = __shfl_up_sync(0xffffffffu, part[k], 1);
+              if (seg == q + 1) part[k] = below;
+            }
+          }
+        });
+        if (seg == SL - 1) {
+#pragma unroll
+          for (int k = 0; k < NB; ++k) slot[k * bd + warp * 32 + j * (32 / SL) + lane / SL] = part[k];
+        }
+        if constexpr (j > 0) {
+          t -= (I)STEP;
+          b -= chain_b;
+          l -= chain_l;
+          if (l < 0) {
+            l += (I)L;
+            --b;
+          }
+        }
+      });
+    } else {
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
-      // the tail vector for the first NT threads, all loaded before any is stored (or, split, used)
+      // the tail vector for the first NT threads, all loaded before any is stored
       // so that they are in flight together, moved as raw words (no element-wise copies); the first
       // one's (row, token) by one division, the others by adding
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
@@ -311,148 +447,17 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
           ++b;
         }
       }
-      if constexpr (SPLIT) {
-        // the next vector of this thread, as the loads step (inline there: through this lambda the
-        // routed instances' machine code is scheduled differently)
-        auto step = [&]() {
-          t += (I)(bd * VEC);
-          b += step_b;
-          l += step_l;
-          if (l >= (I)L) {
-            l -= (I)L;
-            ++b;
-          }
-        };
-        // g of each vector into shared memory, x staged beside it for the slab walk. A vector's K-1
-        // taps: 0 at its row's start (no states), else the tokens before it, in the previous vector
-        // (its neighbour's load, an L1 hit) where one vector holds them all
-        t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
-        b = t / (I)L;
-        l = t - b * (I)L;
 #pragma unroll
-        for (int j = 0; j <= NV; ++j) {
+      for (int j = 0; j <= NV; ++j) {
+        if (j < NV || (int)threadIdx.x < NT) {
           const int i = (int)threadIdx.x + j * bd;
-          if (j < NV || (int)threadIdx.x < NT) {
-            if (!BARE) xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
-            if (t < (I)S) {
-              const T* __restrict__ xrow = xc + b * (I)a.x_bs;
-              A win[K - 1 + VEC];  // win[m]: token l - (K-1) + m
-              if (VEC >= K - 1 && l > 0) {
-                const R prev = load_ro(reinterpret_cast<const R*>(xrow + l - VEC));
-#pragma unroll
-                for (int m = 0; m < K - 1; ++m) win[m] = element<A, T>(prev, VEC - (K - 1) + m);
-              } else {
-                taps_before<K, false, A, T, I>(xrow, init, C, c, l, (int)min_<I>(l, (I)(K - 1)), 0, n_docs, win);
-              }
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) win[K - 1 + e] = element<A, T>(x_raw[j], e);
-              if constexpr (BARE) {  // dx = x + dy, the taps added to the first token so that their loads stay
-                A dxv[VEC];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) dxv[e] = win[K - 1 + e] + element<A, T>(dy_raw[j], e);
-#pragma unroll
-                for (int m = 0; m < K - 1; ++m) dxv[0] += win[m];
-                if (j < NV) store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
-              } else {
-                // of a tail vector only the K-1 tokens that dx reads (warp 0 would otherwise hold the
-                // round's barrier for a whole vector more than the others)
-                const int need = j < NV ? VEC : NT == 1 ? K - 1 : (K - 1) - (int)threadIdx.x * VEC;
-                A g[VEC];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                  const A dval = element<A, T>(dy_raw[j], e);
-                  if (e >= need) {
-                    g[e] = A(0);
-                  } else if (SILU) {
-                    A z = bv[0];
-#pragma unroll
-                    for (int k = 0; k < K; ++k) z = fma_(wv[k][0], win[e + k], z);
-                    g[e] = dval * silu_grad(z, sigmoid(z));
-                  } else {
-                    g[e] = dval;
-                  }
-                }
-                put_g(i, g);
-              }
-            }
-          }
-          step();
+          xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
+          ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
         }
-        __syncthreads();
-        if constexpr (!BARE) {
-          // dx of the same vectors: dx[u] = sum_m w[K-1-m] g[u+m] over u's row (a part is whole rounds
-          // up to the sequence's end, so a vector inside S is one of this part's slabs)
-          t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
-          b = t / (I)L;
-          l = t - b * (I)L;
-#pragma unroll
-          for (int j = 0; j < NV; ++j) {
-            if (t < (I)S) {
-              const int i = (int)threadIdx.x + j * bd;
-              const I left = (I)L - l;  // tokens from the vector's first to its row's end (at least VEC)
-              A g[VEC + NT * VEC], dxv[VEC];
-              get_g(i, Int<VEC>{}, g);
-              get_g(i + 1, Int<K - 1>{}, g + VEC);
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) {
-                A v = A(0);
-#pragma unroll
-                for (int m = 0; m < K; ++m)
-                  if (e + m < VEC || (I)(e + m) < left) v = fma_(wv[K - 1 - m][0], g[e + m], v);
-                dxv[e] = v;
-              }
-              store_vec(dx, b * (I)a.dx_bs + (I)c * (I)a.dx_cs + l, dxv);
-            }
-            step();
-          }
-          // the slab's partial from the staged g and x, one fma per token in token order
-          if (s < s_end) {
-            const I t0 = (I)(s * SLAB), b0 = t0 / (I)L, l0 = t0 - b0 * (I)L;
-            const int lim = (int)min_<I>(min_<I>((I)S, (b0 + 1) * (I)L) - t0, (I)SLAB);  // live tokens
-            R x_words[NV];
-#pragma unroll
-            for (int q = 0; q < NV; ++q) x_words[q] = xs_raw[threadIdx.x * PV + q];
-            A taps[K - 1];
-            taps_before<K, false, A, T, I>(xc + b0 * (I)a.x_bs, init, C, c, l0, (int)min_<I>(l0, (I)(K - 1)), 0, n_docs,
-                                           taps);
-            auto xat = [&](int i) { return i < 0 ? taps[i + K - 1] : element<A, T>(x_words[i / VEC], i % VEC); };
-            const G* gslab = reinterpret_cast<const G*>(gs + threadIdx.x * GP);
-            // checked: a liveness test per token, for a sequence's last slab alone
-            auto walk = [&](auto checked) {
-              static_for<0, SLAB / GV>([&](auto qq) {
-                constexpr int Q = decltype(qq)::value;
-                const G word = gslab[Q];
-#pragma unroll
-                for (int e = 0; e < GV; ++e) {
-                  const int J = Q * GV + e;
-                  if (!decltype(checked)::value || J < lim) {
-#pragma unroll
-                    for (int k = 0; k < K; ++k) acc[k] = fma_(word.v[e], xat(J - (K - 1) + k), acc[k]);
-                    if (HAS_BIAS) acc[NB - 1] += word.v[e];
-                  }
-                }
-              });
-            };
-            if (lim == SLAB) {
-              walk(Bool<false>{});
-            } else {
-              walk(Bool<true>{});
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j <= NV; ++j) {
-          if (j < NV || (int)threadIdx.x < NT) {
-            const int i = (int)threadIdx.x + j * bd;
-            xs_raw[(i / NV) * PV + i % NV] = x_raw[j];
-            ds_raw[(i / NV) * PV + i % NV] = dy_raw[j];
-          }
-        }
-        __syncthreads();
       }
+      __syncthreads();
     }
-    if (!SPLIT && SIMPLE && s < s_end) {
+    if (!CHAIN && SIMPLE && s < s_end) {
       const I t0 = (I)(s * SLAB), b = t0 / (I)L, l = t0 - b * (I)L;
       // tokens before lim are live: the slab's own tokens inside S and its tail up to its row's end
       const int lim = (int)min_<I>(min_<I>((I)S, (b + 1) * (I)L) - t0, (I)(SLAB + K));
@@ -506,7 +511,7 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
           }
         });
       }
-    } else if (!SPLIT && s < s_end) {
+    } else if (!CHAIN && s < s_end) {
       const long long t0 = s * SLAB;
       const int own = (int)min_<long long>(SLAB, S - t0);  // own tokens inside S
       long long b = t0 / L, l = t0 - b * L;
@@ -622,8 +627,10 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       continue;
     }
     // The round's slabs into level-1 and level-2 nodes, children in index order.
+    if constexpr (!CHAIN) {
 #pragma unroll
-    for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
+      for (int k = 0; k < NB; ++k) slot[k * bd + threadIdx.x] = acc[k];
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < NB * n1; i += bd) {
       const int k = i / n1, n = i - k * n1;

@@ -59,6 +59,8 @@ struct State {
   // __syncthreads_or: barrier k collects into vote[k % 2], cleared when barrier k - 1 opens
   unsigned int generation = 0;
   int vote[2] = {0, 0};
+  // warp shuffles: each thread's value, exchanged between two barriers
+  std::vector<uint64_t> lanes;
 };
 
 inline State& state() {
@@ -87,6 +89,7 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
   s.body = &body;
   s.smem.assign(smem_bytes + 16, 0xCD);  // poisoned, like uninitialised shared memory
   s.fibers.resize(block);
+  s.lanes.assign(block, 0);
   for (auto& f : s.fibers)
     if (f.stack.size() < (1 << 17)) f.stack.resize(1 << 17);
   for (unsigned int b = 0; b < grid; ++b) {
@@ -185,6 +188,29 @@ inline int __syncthreads_or(int predicate) {
   s.vote[g] |= predicate != 0;
   emu::barrier();
   return s.vote[g];
+}
+// A shuffle is a barrier of the whole CTA here (every thread writes its value, then reads its
+// source's): kernels shuffle with full warps in uniform code, so every warp passes the same
+// shuffles, and one that some threads skip is reported as a skipped barrier.
+namespace emu {
+template <typename T> inline T shuffle(T v, int src_lane) {  // src_lane < 0 or > 31: its own value
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves up to 8 bytes");
+  State& s = state();
+  const unsigned int t = threadIdx.x;
+  std::memcpy(&s.lanes[t], &v, sizeof(T));
+  barrier();
+  T out = v;
+  if (src_lane >= 0 && src_lane < 32) std::memcpy(&out, &s.lanes[(t & ~31u) + src_lane], sizeof(T));
+  barrier();
+  return out;
+}
+}  // namespace emu
+template <typename T> inline T __shfl_sync(unsigned int, T v, int src) { return emu::shuffle(v, src & 31); }
+template <typename T> inline T __shfl_up_sync(unsigned int, T v, unsigned int d) {
+  return emu::shuffle(v, (int)(threadIdx.x & 31u) - (int)d);
+}
+template <typename T> inline T __shfl_down_sync(unsigned int, T v, unsigned int d) {
+  return emu::shuffle(v, (int)(threadIdx.x & 31u) + (int)d);
 }
 inline void __threadfence() {}
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
