@@ -152,9 +152,17 @@ def _chained(kernel: str, simple: bool, chain: int) -> int:
     return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 else 0
 
 
-@pytest.mark.parametrize("program", CHAINS)
-@pytest.mark.parametrize("wide", [False, True], ids=["int", "long"])
-@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
+# bwd_bcl_chain on every case with both offset types; bwd_bcl_chain2 (the same code with two vectors
+# a lane) on the cases where its lanes hold two vectors, 32-bit offsets
+CHAIN_RUNS = [(c, wide, "bwd_bcl_chain") for c in CHAIN_CASES for wide in (False, True)] + [
+    (c, False, "bwd_bcl_chain2") for c in CHAIN_CASES if c[4] in (torch.bfloat16, torch.float16) and c[3] <= 8
+]
+
+
+@pytest.mark.parametrize(
+    "case, wide, program", CHAIN_RUNS,
+    ids=lambda v: "-".join(str(x).removeprefix("torch.") for x in v) if isinstance(v, tuple) else str(v),
+)
 def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide, program):
     """bwd_bcl_chain (g and dx of each lane's own vectors, a slab's partial chained through its
     lanes) computes the same expressions in the same order as the routed walk: every output and

@@ -174,8 +174,12 @@ def test_peers_in_the_background_build_while_the_gpu_stages_run(tmp_path):
         order = [("build" if "build_causal" in c else "built" if c == "built" else "tune" if "conv1d_silu.tune" in c
                   else "bench" if "conv1d_silu.bench" in c else None) for c in calls]
         order = [o for o in order if o]
-        assert order == (["build", "tune", "built", "bench", "bench"] if background else
-                         ["build", "built", "tune", "bench", "bench"]), (run, order)
+        # the build and the tuner start together in the background run: only what ends before what
+        built, bench = order.index("built"), order.index("bench")
+        if background:
+            assert order.index("tune") < built < bench, order
+        else:
+            assert order.index("build") < built < order.index("tune") < bench, order
 
 
 def test_peers_without_a_source_says_so_and_builds_nothing(tmp_path):
