@@ -138,7 +138,7 @@ def backward_launches(
     """The backward's planned launch, the fold's (None when the CTAs write the root) and the
     workspace's element count; spans: the (batch, channel) strides of x, dy and dx; chain: the
     chained round's vectors per lane (routes.Program.chain) where the simple walk applies and a
-    vector holds a token's K-1 taps (else the staged round)."""
+    vector of whole 32-bit words holds a token's K-1 taps (else the staged round)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     vec = vector_width(itemsize, L, spans, align)
     S = B * L
@@ -158,7 +158,7 @@ def backward_launches(
     # stages nothing: its lanes keep their vectors in registers)
     simple = simple_walk(mode, has_init, B, L)
     nv = SLAB // vec
-    chain = chain if simple and chain and nv % chain == 0 and vec >= K - 1 else 0
+    chain = chain if simple and chain and nv % chain == 0 and vec >= K - 1 and vec * itemsize >= 4 else 0
     tail = -(-(K - 1) // vec) * vec  # tokens of the tail vectors
     staged = 0 if chain else 2 * (block * (SLAB + vec) + tail) * itemsize
     smem = -(-smem // 16) * 16 + staged

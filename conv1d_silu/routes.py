@@ -206,13 +206,13 @@ PROGRAMS: dict[str, Program] = {
         ),
         # No staging: each lane loads its own vectors (a warp's 16-byte loads and stores consecutive),
         # computes g and dx in registers, and chains its slab's partial through the slab's lanes
-        # by shuffles; one vector per lane (a slab over four lanes) or two (over two lanes, 16 bytes
-        # at a 32-byte stride per warp instruction)
+        # by shuffles; one vector per lane or two (16 bytes at a 32-byte stride per warp
+        # instruction). With 16-byte vectors of 16-bit x a slab spans 4 or 2 lanes
         Program(
             "bwd_bcl_chain",
             "bwd",
             "channel-first backward without staging: each lane computes g and dx of one vector a step from "
-            "coalesced loads, and a slab's partial is chained through its four lanes (the document walk "
+            "coalesced loads, and a slab's partial is chained through its lanes (the document walk "
             "where documents start inside slabs or states are given)",
             layout="BCL",
             chain=1,

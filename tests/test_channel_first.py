@@ -138,6 +138,10 @@ CHAIN_CASES = [c for c in CASES if c[6] == "none"] + [
     (1, 2, 8, 8, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # fewer tokens than taps
     (1, 2, 8200, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # two rounds
     (70, 2, 96, 4, torch.bfloat16, torch.bfloat16, "none", "none", True, True, "weight"),  # rounds across rows
+    (1, 2, 101, 2, torch.bfloat16, torch.float32, "none", "none", True, True, "weight"),  # 2-byte vectors: staged
+    (2, 3, 128, 4, torch.float32, torch.float32, "none", "none", True, True, "weight"),  # fp32, 8 lanes a slab
+    (3, 2, 64, 5, torch.float32, torch.float32, "none", "none", False, True, "main_grad"),  # fp32, K = 5
+    (1, 2, 4100, 4, torch.float16, torch.float16, "none", "none", True, False, "weight"),  # fp16, 8-byte vectors
 ]
 
 
@@ -146,16 +150,17 @@ CHAINS = {"bwd_bcl_chain": 1, "bwd_bcl_chain2": 2}
 
 def _chained(kernel: str, simple: bool, chain: int) -> int:
     """The CHAIN flag a launch of the chained program should carry: its vectors per lane where the
-    simple walk applies, the slab's vectors split evenly over lanes and a vector holds K-1 taps."""
+    simple walk applies, the slab's vectors split evenly over lanes and a vector of whole 32-bit
+    words holds K-1 taps."""
     args = kernel.split("<", 1)[1].rstrip(">").split(", ")
-    K, vec = int(args[3]), int(args[4])
-    return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 else 0
+    K, vec, itemsize = int(args[3]), int(args[4]), {"float": 4, "double": 8}.get(args[0], 2)
+    return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 and vec * itemsize >= 4 else 0
 
 
 # bwd_bcl_chain on every case with both offset types; bwd_bcl_chain2 (the same code with two vectors
-# a lane) on the cases where its lanes hold two vectors, 32-bit offsets
+# a lane) with 32-bit offsets
 CHAIN_RUNS = [(c, wide, "bwd_bcl_chain") for c in CHAIN_CASES for wide in (False, True)] + [
-    (c, False, "bwd_bcl_chain2") for c in CHAIN_CASES if c[4] in (torch.bfloat16, torch.float16) and c[3] <= 8
+    (c, False, "bwd_bcl_chain2") for c in CHAIN_CASES if c[3] <= 8
 ]
 
 

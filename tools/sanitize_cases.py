@@ -115,6 +115,7 @@ def channel_first_cases() -> int:
         (1, 3, 1_200_000, 4, torch.bfloat16, "none", False),
         (4, 32, 512, 4, torch.bfloat16, "none", False),
         (4, 16, 2712, 4, torch.bfloat16, "none", False),  # two parts per channel, a tail through a row wrap
+        (3, 8, 96, 4, torch.bfloat16, "none", False),  # a round past S: the chained rounds' guarded loads
     ]:
         wide = torch.randn(B, 2 * C + 1, L, device="cuda", generator=gen).to(dtype)
         x = wide[:, 1 : C + 1]

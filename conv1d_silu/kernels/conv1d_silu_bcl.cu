@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 //
 // CHAIN (the simple walk's cases where a vector holds a token's K-1 taps; unrouted, timed against
 // it): no staging. Each lane loads CHAIN consecutive vectors a step, a warp's lanes neighbouring
-// runs, so a warp instruction reads 32 x 16 consecutive bytes (CHAIN 1); a warp's NV / CHAIN steps
+// runs (with CHAIN 1 a warp instruction reads 32 consecutive vectors); a warp's NV / CHAIN steps
 // cover its 32 slabs. A lane computes g and dx of its own vectors in registers: the taps come from
 // the lane below (lane 0: lane 31 at the step before, or memory at the first step), the g of the
 // K-1 tokens after from the lane above (lane 31: lane 0 at the step after, or computed from memory
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
   static_assert(!SIMPLE || (!HAS_INIT && (MODE == SINGLE || MODE == BATCH)),
                 "the simple walk knows no states or document tables");
   static_assert(!BARE || SIMPLE, "the bare walk is the simple one's");
-  static_assert(!CHAIN || (SIMPLE && !BARE && NV % CHAIN == 0 && VEC >= K - 1),
-                "the chained round is the simple walk's, with a vector holding a token's taps");
+  static_assert(!CHAIN || (SIMPLE && !BARE && NV % CHAIN == 0 && VEC >= K - 1 && VEC * sizeof(T) >= 4),
+                "the chained round is the simple walk's, with a vector of whole 32-bit words holding a token's taps");
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const TW* __restrict__ w = static_cast<const TW*>(a.w);
@@ -245,6 +245,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
     for (int k = 0; k < NB; ++k) acc[k] = A(0);
     const long long s = base + threadIdx.x;
     if constexpr (CHAIN > 0) {
+      // A part is whole rounds up to the sequence's end (gpu_bcl.backward_launches), so a round's
+      // vectors inside S are this part's and no slab needs the walk's s < s_end.
       constexpr int SL = NV / CHAIN;          // lanes a slab spans, and steps of a round
       constexpr int STEP = 32 * CHAIN * VEC;  // tokens from a lane's vectors of one step to the next's
       constexpr int KW = K - 1 + VEC;         // a vector's window: its K-1 taps, then its tokens
@@ -426,9 +428,9 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // the round's rows into shared memory, neighbouring threads reading neighbouring vectors (the
       // slab walk's own loads, 16 bytes at a 64-byte stride per warp, ran at ~30 % of the copy
       // bandwidth on the H100): a thread's NV vectors of x and dy (vector i = thread + j bd), and
-      // the tail vector for the first NT threads, all loaded before any is stored
-      // so that they are in flight together, moved as raw words (no element-wise copies); the first
-      // one's (row, token) by one division, the others by adding
+      // the tail vector for the first NT threads, all loaded before any is stored so that they are
+      // in flight together, moved as raw words (no element-wise copies); the first one's (row,
+      // token) by one division, the others by adding
       I t = (I)(base * SLAB) + (I)threadIdx.x * VEC;
       I b = t / (I)L, l = t - b * (I)L;
       R x_raw[NV + 1], dy_raw[NV + 1];

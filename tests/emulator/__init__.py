@@ -82,7 +82,10 @@ def _library(source: str, kernel: str) -> ctypes.CDLL:
 
 
 def _run(lib: ctypes.CDLL, kernel: str, grid: int, block: int, smem: int, params: int) -> None:
-    if lib.emu_launch(grid, block, smem, params) != 0:
+    status = lib.emu_launch(grid, block, smem, params)
+    if status == 2:
+        raise RuntimeError(f"emulator: {kernel}: the lanes of a warp met at different shuffles (or a partial mask)")
+    if status != 0:
         raise RuntimeError(f"emulator: {kernel}: a __syncthreads() was skipped by exited threads")
 
 

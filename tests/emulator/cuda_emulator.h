@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <source_location>
 #include <utility>
 #include <vector>
 
@@ -59,8 +60,10 @@ struct State {
   // __syncthreads_or: barrier k collects into vote[k % 2], cleared when barrier k - 1 opens
   unsigned int generation = 0;
   int vote[2] = {0, 0};
-  // warp shuffles: each thread's value, exchanged between two barriers
-  std::vector<uint64_t> lanes;
+  // warp shuffles: each thread's value and its call (site, kind, lane offset), exchanged between
+  // two barriers; bad_shuffle: lanes of a warp met at different calls, or with a partial mask
+  std::vector<uint64_t> lanes, calls;
+  bool bad_shuffle = false;
 };
 
 inline State& state() {
@@ -81,7 +84,8 @@ inline void barrier() {
   swapcontext(&s.fibers[s.current].ctx, &s.scheduler);
 }
 
-// Runs grid x block threads; returns 0, or 1 when a barrier was skipped by exited threads.
+// Runs grid x block threads; returns 0, 1 when a barrier was skipped by exited threads, or 2 when
+// the lanes of a warp met at different shuffles (or one had a partial mask).
 inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, const std::function<void()>& body) {
   State& s = state();
   s.grid_dim.x = grid;
@@ -90,6 +94,8 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
   s.smem.assign(smem_bytes + 16, 0xCD);  // poisoned, like uninitialised shared memory
   s.fibers.resize(block);
   s.lanes.assign(block, 0);
+  s.calls.assign(block, 0);
+  s.bad_shuffle = false;
   for (auto& f : s.fibers)
     if (f.stack.size() < (1 << 17)) f.stack.resize(1 << 17);
   for (unsigned int b = 0; b < grid; ++b) {
@@ -119,7 +125,10 @@ inline int run(unsigned int grid, unsigned int block, unsigned int smem_bytes, c
         waiting += f.waiting;
         done += f.done;
       }
-      if (waiting == 0) break;
+      if (waiting == 0) {
+        if (s.bad_shuffle) return 2;
+        break;
+      }
       if (done != 0) return 1;
       for (auto& f : s.fibers) f.waiting = false;
       s.vote[++s.generation % 2] = 0;
@@ -189,28 +198,43 @@ inline int __syncthreads_or(int predicate) {
   emu::barrier();
   return s.vote[g];
 }
-// A shuffle is a barrier of the whole CTA here (every thread writes its value, then reads its
-// source's): kernels shuffle with full warps in uniform code, so every warp passes the same
-// shuffles, and one that some threads skip is reported as a skipped barrier.
+// A shuffle is an exchange between two barriers of the whole CTA here: every thread writes its
+// value and its call, then reads its source lane's. The kernels shuffle with full warps in uniform
+// code, so every warp passes the same shuffles; the 32 lanes of a warp must meet at the same call
+// (source line, kind, offset) with a full mask, else the launch fails. A shuffle that some threads
+// skip is reported as a skipped barrier. (Unlike a GPU's shuffle, the barriers also order shared
+// memory between warps.)
 namespace emu {
-template <typename T> inline T shuffle(T v, int src_lane) {  // src_lane < 0 or > 31: its own value
+template <typename T> inline T shuffle(T v, int src_lane, unsigned int mask, uint64_t call) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves up to 8 bytes");
   State& s = state();
-  const unsigned int t = threadIdx.x;
+  const unsigned int t = threadIdx.x, first = t & ~31u;
   std::memcpy(&s.lanes[t], &v, sizeof(T));
+  s.calls[t] = call;
   barrier();
-  T out = v;
-  if (src_lane >= 0 && src_lane < 32) std::memcpy(&out, &s.lanes[(t & ~31u) + src_lane], sizeof(T));
+  if (mask != 0xffffffffu) s.bad_shuffle = true;
+  for (unsigned int u = first; u < first + 32 && u < s.calls.size(); ++u)
+    if (s.calls[u] != call) s.bad_shuffle = true;
+  T out = v;  // src_lane < 0 or > 31: its own value
+  if (src_lane >= 0 && src_lane < 32) std::memcpy(&out, &s.lanes[first + src_lane], sizeof(T));
   barrier();
   return out;
 }
-}  // namespace emu
-template <typename T> inline T __shfl_sync(unsigned int, T v, int src) { return emu::shuffle(v, src & 31); }
-template <typename T> inline T __shfl_up_sync(unsigned int, T v, unsigned int d) {
-  return emu::shuffle(v, (int)(threadIdx.x & 31u) - (int)d);
+inline uint64_t call_of(const std::source_location& at, int kind, int offset) {
+  return (uint64_t)at.line() << 24 | (uint64_t)at.column() << 8 | (uint64_t)(kind * 64 + (offset & 63));
 }
-template <typename T> inline T __shfl_down_sync(unsigned int, T v, unsigned int d) {
-  return emu::shuffle(v, (int)(threadIdx.x & 31u) + (int)d);
+}  // namespace emu
+template <typename T>
+inline T __shfl_sync(unsigned int mask, T v, int src, std::source_location at = std::source_location::current()) {
+  return emu::shuffle(v, src & 31, mask, emu::call_of(at, 0, src & 31));
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned int mask, T v, unsigned int d, std::source_location at = std::source_location::current()) {
+  return emu::shuffle(v, (int)(threadIdx.x & 31u) - (int)d, mask, emu::call_of(at, 1, (int)d));
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned int mask, T v, unsigned int d, std::source_location at = std::source_location::current()) {
+  return emu::shuffle(v, (int)(threadIdx.x & 31u) + (int)d, mask, emu::call_of(at, 2, (int)d));
 }
 inline void __threadfence() {}
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
