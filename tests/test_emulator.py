@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import ctypes
 
-import pytest
-
 import emulator
+import pytest
 
 pytestmark = pytest.mark.skipif(not emulator.available(), reason="needs g++ for the emulator")
 
