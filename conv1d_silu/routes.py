@@ -221,7 +221,7 @@ PROGRAMS: dict[str, Program] = {
         Program(
             "bwd_bcl_chain2",
             "bwd",
-            "bwd_bcl_chain with two consecutive vectors a lane, a slab's partial chained through two lanes",
+            "bwd_bcl_chain with two consecutive vectors a lane, a slab's partial chained through half as many lanes",
             layout="BCL",
             chain=2,
             routed=False,

@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(256, SIMPLE && sizeof(T) == 2 && VEC == 8 && s
       // (row, token) of the lane's first vector of the step: by one division, then by adding
       I t = (I)(base * SLAB) + (I)((warp * 32 * NV + lane * CHAIN) * VEC);
       I b = t / (I)L, l = t - b * (I)L;
-      // (token, row, token in the row) of the lane's vectors of the step
+      // (token, row, token in the row) of the lane's vectors of the step, from its first vector's:
+      // worked out again for the compute pass rather than held through the loads (registers bound it)
       auto vectors = [&](I(&vt)[CHAIN], I(&vb)[CHAIN], I(&vl)[CHAIN]) {
 #pragma unroll
         for (int v = 0; v < CHAIN; ++v) {
