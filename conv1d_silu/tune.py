@@ -277,6 +277,9 @@ def _gpus(meta: dict) -> str:
     return " and ".join(sorted(names))
 
 
+MEASURED_KEYS = ("gpu", "by", "dtype", "K", "dates")  # what the tuner writes in a table's "measured" block
+
+
 def measured(meta: dict) -> dict:
     """A route table's "measured" block: the GPUs, the tool, dtype, K and the dates of the runs."""
     dates = sorted(str(p["date"])[:10] for p in (meta.get("parts") or [meta]) if p.get("date"))
@@ -377,9 +380,26 @@ def package_tables() -> Path:
     return tables
 
 
+def other_layouts(arch: str) -> tuple[dict[str, list[routes.Rule]], dict]:
+    """The rules of the package's table for ``arch`` whose programs read x channel-first, and the
+    entries its "measured" block holds beyond the tuner's own: the tuner times channel-last programs
+    only, so a table it writes keeps these as they are."""
+    path = PACKAGE / "route_tables" / f"{arch}.json"
+    if not path.is_file():
+        return {}, {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    _, table = routes.parse_table(data, str(path))
+    kept = {v: [r for r in rs if routes.PROGRAMS[r.program].layout != "BLC"] for v, rs in table.items()}
+    extra = {k: v for k, v in data["measured"].items() if k not in MEASURED_KEYS}
+    return {v: rs for v, rs in kept.items() if rs}, extra
+
+
 def write_table(path: Path, arch: str, rules: dict[str, list[routes.Rule]], meta: dict) -> Path:
-    """The route table ``rules`` as ``path`` (``<arch>.json``), checked by the loader before it lands."""
-    text = routes.format_table(arch, measured(meta), rules)
+    """The route table ``rules`` as ``path`` (``<arch>.json``), with the package table's channel-first
+    rules first in their variants, checked by the loader before it lands."""
+    kept, extra = other_layouts(arch)
+    rules = {v: kept.get(v, []) + list(rules.get(v, [])) for v in routes.VARIANTS if v in rules or v in kept}
+    text = routes.format_table(arch, {**measured(meta), **extra}, rules)
     routes.parse_table(json.loads(text), path.name)
     path.write_text(text)
     return path

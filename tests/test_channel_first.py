@@ -145,7 +145,7 @@ CHAIN_CASES = [c for c in CASES if c[6] == "none"] + [
 ]
 
 
-CHAINS = {"bwd_bcl_chain": 1, "bwd_bcl_chain2": 2}
+CHAINS = {"bwd_bcl_chain2": 2}
 
 
 def _chained(kernel: str, simple: bool, chain: int) -> int:
@@ -157,11 +157,7 @@ def _chained(kernel: str, simple: bool, chain: int) -> int:
     return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 and vec * itemsize >= 4 else 0
 
 
-# bwd_bcl_chain on every case with both offset types; bwd_bcl_chain2 (the same code with two vectors
-# a lane) with 32-bit offsets
-CHAIN_RUNS = [(c, wide, "bwd_bcl_chain") for c in CHAIN_CASES for wide in (False, True)] + [
-    (c, False, "bwd_bcl_chain2") for c in CHAIN_CASES if c[3] <= 8
-]
+CHAIN_RUNS = [(c, wide, program) for c in CHAIN_CASES for wide in (False, True) for program in CHAINS]
 
 
 @pytest.mark.parametrize(
@@ -169,7 +165,7 @@ CHAIN_RUNS = [(c, wide, "bwd_bcl_chain") for c in CHAIN_CASES for wide in (False
     ids=lambda v: "-".join(str(x).removeprefix("torch.") for x in v) if isinstance(v, tuple) else str(v),
 )
 def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide, program):
-    """bwd_bcl_chain (g and dx of each lane's own vectors, a slab's partial chained through its
+    """bwd_bcl_chain2 (g and dx of each lane's own vectors, a slab's partial chained through its
     lanes) computes the same expressions in the same order as the routed walk: every output and
     gradient has its bits, with 32- and 64-bit offsets, and it runs the chained round exactly where
     the simple walk applies and a vector holds a token's taps. A NaN g at a row's first token
@@ -204,7 +200,7 @@ def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case
 
 
 def test_the_chained_round_runs_for_the_mamba_shapes():
-    """At bf16 and K = 4 (16-byte vectors of 8 tokens) both chained programs take their round."""
+    """At bf16 and K = 4 (16-byte vectors of 8 tokens) the chained program takes its round."""
     for program, chain in CHAINS.items():
         launch, _, _ = gpu_bcl.backward_launches(
             torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 8, 64, 2048, (64 * 2048, 2048) * 3, 16, True, 0, False,

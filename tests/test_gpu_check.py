@@ -129,10 +129,10 @@ def test_stages_fit_what_the_checks_seconds_leave(tmp_path):
 
 
 def test_layouts_pass_their_channel_first_options_to_that_run_alone(tmp_path):
-    calls = [c for c in _calls(tmp_path, "layouts", LAYOUT_BCL_ARGS="--baseline-programs bwd_bcl_chain")
+    calls = [c for c in _calls(tmp_path, "layouts", LAYOUT_BCL_ARGS="--baseline-programs bwd_bcl_chain2")
              if "conv1d_silu.bench" in c]
     bcl, blc = calls
-    assert "--layout BCL --with-channel-last --baseline-programs bwd_bcl_chain " in bcl
+    assert "--layout BCL --with-channel-last --baseline-programs bwd_bcl_chain2 " in bcl
     assert "baseline-programs" not in blc and "--floor" in bcl and "--floor" in blc
 
 

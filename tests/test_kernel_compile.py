@@ -72,8 +72,7 @@ INSTANCES["conv1d_silu_bcl"] = [
     )
 ] + [
     kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, f32, 4, 8, True, BATCH, False, True, "long long", True),
-    # the unrouted chained rounds (bwd_bcl_chain, bwd_bcl_chain2)
-    kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, 1),
+    # the chained round (bwd_bcl_chain2)
     kernels.name_expression("conv1d_silu_bwd_bcl", bf16, bf16, bf16, 4, 8, True, BATCH, False, True, "int", True, 2),
 ]
 INSTANCES["conv1d_silu_bwd"][1:1] = [kernels.name_expression("conv1d_silu_fold", bf16, f32, 4, True)]

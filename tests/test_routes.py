@@ -61,7 +61,8 @@ def test_every_band_edge_and_floor_of_every_route():
                 for C, S in inside:
                     dtype = next(iter(rule.dtypes)) if rule.dtypes else "bfloat16"
                     K = next(iter(rule.ks)) if rule.ks else 4
-                    first = next(r for r in rules if r.matches(C, S, K, dtype))
+                    layout = PROGRAMS[rule.program].layout
+                    first = next(r for r in rules if PROGRAMS[r.program].layout == layout and r.matches(C, S, K, dtype))
                     assert first is rule or rules.index(first) < i, (arch, variant, C, S)
                 outside = [(rule.c_lo - 1, rule.s_min), (rule.c_hi, rule.s_min), (rule.c_lo, rule.s_min - 1)]
                 for C, S in outside:
@@ -81,12 +82,13 @@ def test_registry_invariants():
                 assert program.direction == direction, (arch, variant, rule.program)
                 assert program.routed, (arch, variant, rule.program)
                 assert rule.c_lo < rule.c_hi
-            # two rules at one floor (and the same dtype / K sets) never overlap in C
+            # two rules of one layout at one floor (and the same dtype / K sets) never overlap in C
             body = [r for r in rules if not r.is_default]
             for a in range(len(body)):
                 for b in range(a + 1, len(body)):
                     ra, rb = body[a], body[b]
-                    if (ra.s_min, ra.dtypes, ra.ks) == (rb.s_min, rb.dtypes, rb.ks):
+                    key = (PROGRAMS[ra.program].layout, ra.s_min, ra.dtypes, ra.ks)
+                    if key == (PROGRAMS[rb.program].layout, rb.s_min, rb.dtypes, rb.ks):
                         assert ra.c_hi <= rb.c_lo or rb.c_hi <= ra.c_lo, (arch, variant, ra, rb)
 
 
@@ -465,7 +467,8 @@ def test_shipped_tables_validate_and_are_the_routes():
         assert raw["measured"]["by"]
     measured = json.loads((TABLES / "sm_90.json").read_text())["measured"]
     assert measured == {"gpu": "NVIDIA H200", "by": "python -m conv1d_silu.tune", "dtype": "bfloat16", "K": 4,
-                        "dates": "2026-12-04 to 2026-12-06"}
+                        "dates": "2026-12-04 to 2026-12-06",
+                        "channel_first": "NVIDIA H100, python -m conv1d_silu.bench --layout BCL, 2026-12-08"}
     # archs without a file route every call to the defaults
     for arch in ("sm_100a", "sm_103a", "generic"):
         assert all(rules == (routes.default_rule(v),) for v, rules in ROUTES[arch].items())
@@ -570,11 +573,17 @@ def test_tuner_out_writes_the_table_and_evidence_and_never_the_package(tmp_path,
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["routes-sm_90.md", "sm_90.json"]
     arch, table = routes.load_table(tmp_path / "out" / "sm_90.json")
     assert arch == "sm_90"
-    assert table["bwd"] == (Rule("rowgroup_8b", 264, INF, 46340), routes.BWD_DEFAULT)
+    # the package table's channel-first rules come first, as they were (the tuner times channel-last
+    # programs only), and so does what its "measured" block says of them
+    package = json.loads((TABLES / "sm_90.json").read_text())
+    channel_first = tuple(r for r in routes.ROUTES["sm_90"]["bwd"] if routes.PROGRAMS[r.program].layout == "BCL")
+    assert channel_first and "bwd_bcl_chain2" in {r.program for r in channel_first}
+    assert table["bwd"] == (*channel_first, Rule("rowgroup_8b", 264, INF, 46340), routes.BWD_DEFAULT)
+    assert table["bwd_bias"] == (*channel_first, routes.BWD_DEFAULT)  # not measured: its channel-first rules kept
     assert table["fwd"] == (routes.FWD_DEFAULT,)  # not measured: the default
     raw = json.loads((tmp_path / "out" / "sm_90.json").read_text())
     assert raw["measured"] == {"gpu": "NVIDIA H200", "by": "python -m conv1d_silu.tune", "dtype": "bfloat16",
-                               "K": 4, "dates": "2026-12-06"}
+                               "K": 4, "dates": "2026-12-06", "channel_first": package["measured"]["channel_first"]}
     assert "abc" not in (tmp_path / "out" / "sm_90.json").read_text()  # no commit in a table
     evidence = (tmp_path / "out" / "routes-sm_90.md").read_text()
     assert "| 65536 | 264 | 100.0 | **60.0** | rowgroup_8b |" in evidence
@@ -640,3 +649,15 @@ def test_channel_first_calls_route_to_their_layout():
         "t",
     )
     assert [r.program for r in table["fwd"]] == ["fwd_bcl", "fwd_rows"]
+
+
+def test_the_channel_first_backward_takes_the_chained_round_where_it_was_faster():
+    """The sm_90 table's channel-first backward rules: the chained round where it beat the staged
+    walk on the H100 (16384 tokens at C >= 1024, 32768 at C < 2048), the staged walk elsewhere; calls
+    with document tables keep the walk (the chained round is the simple walk's)."""
+    cases = [(1024, 16384, "bwd_bcl_chain2"), (5120, 16384, "bwd_bcl_chain2"), (1024, 32768, "bwd_bcl_chain2"),
+             (2560, 32768, "bwd_bcl"), (1024, 65536, "bwd_bcl"), (256, 16384, "bwd_bcl"), (2560, 8192, "bwd_bcl")]
+    for variant in ("bwd", "bwd_bias", "bwd_fp32g", "bwd_bias_fp32g"):
+        for C, S, want in cases:
+            assert select("sm_90", variant, C, S, 4, "bfloat16", "BCL").name == want, (variant, C, S)
+    assert select("sm_90", "bwd_dt", 2560, 16384, 4, "bfloat16", "BCL").name == "bwd_bcl"

@@ -206,7 +206,7 @@ def test_activation_and_grad_dtype_and_program():
         _err(TypeError, base(grad_dtype=torch.float16)),
         """grad_dtype: expected None, torch.float32 or the weight's dtype torch.float32, got torch.float16""",
     )
-    assert_expected_inline(_err(ValueError, base(program="nope")), """program: expected one of ['bwd_bcl', 'bwd_bcl_chain', 'bwd_bcl_chain2', 'fwd_bcl', 'fwd_flat16_8b', 'fwd_rows', 'fwd_rows16_8b', 'fwd_rows16_8b_a32', 'fwd_rows16_8b_a64', 'fwd_rows_8b', 'fwd_rows_8b_a32', 'fwd_rows_8b_a64', 'reference', 'rowgroup', 'rowgroup2_8b', 'rowgroup2_8b_a128', 'rowgroup_8b', 'rowgroup_8b_a128', 'rowgroup_8b_a32', 'rowgroup_flat2_8b', 'rowgroup_flat_8b', 'rowgroup_long', 'rowgroup_long16_8b', 'rowgroup_long_8b', 'rowgroup_long_8b_a32', 'rowgroup_long_8b_a64', 'rowgroup_long_flat32', 'rowgroup_long_flat32_8b', 'rowgroup_long_flat_8b', 'rowgroup_sm', 'rowgroup_sm_long'], got 'nope'""")
+    assert_expected_inline(_err(ValueError, base(program="nope")), """program: expected one of ['bwd_bcl', 'bwd_bcl_chain2', 'fwd_bcl', 'fwd_flat16_8b', 'fwd_rows', 'fwd_rows16_8b', 'fwd_rows16_8b_a32', 'fwd_rows16_8b_a64', 'fwd_rows_8b', 'fwd_rows_8b_a32', 'fwd_rows_8b_a64', 'reference', 'rowgroup', 'rowgroup2_8b', 'rowgroup2_8b_a128', 'rowgroup_8b', 'rowgroup_8b_a128', 'rowgroup_8b_a32', 'rowgroup_flat2_8b', 'rowgroup_flat_8b', 'rowgroup_long', 'rowgroup_long16_8b', 'rowgroup_long_8b', 'rowgroup_long_8b_a32', 'rowgroup_long_8b_a64', 'rowgroup_long_flat32', 'rowgroup_long_flat32_8b', 'rowgroup_long_flat_8b', 'rowgroup_sm', 'rowgroup_sm_long'], got 'nope'""")
     assert_expected_inline(
         _err(ValueError, base(program="rowgroup")), """program: 'rowgroup' runs on CUDA tensors only, got tensors on the CPU"""
     )

@@ -101,7 +101,7 @@ def channel_first_cases() -> int:
     """The channel-first kernels on x = a chunk of a wider (B, 2C+1, L) tensor (batch and channel
     strides of their own): 16-byte and 1-token accesses, states, padding, cu_seqlens, main_grad
     accumulation, a part above tree level 2 (1.2M tokens), rows of whole slabs without states (the
-    simple walk, and there the unrouted chained rounds too), and mamba_ssm's dx written into a chunk; each
+    simple walk, and there both the staged and the chained round), and mamba_ssm's dx written into a chunk; each
     against the same values in channel-last memory (bits)."""
     from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
 
@@ -115,7 +115,7 @@ def channel_first_cases() -> int:
         (1, 3, 1_200_000, 4, torch.bfloat16, "none", False),
         (4, 32, 512, 4, torch.bfloat16, "none", False),
         (4, 16, 2712, 4, torch.bfloat16, "none", False),  # two parts per channel, a tail through a row wrap
-        (3, 8, 96, 4, torch.bfloat16, "none", False),  # a round past S: the chained rounds' guarded loads
+        (3, 8, 96, 4, torch.bfloat16, "none", False),  # a round past S: the chained round's guarded loads
     ]:
         wide = torch.randn(B, 2 * C + 1, L, device="cuda", generator=gen).to(dtype)
         x = wide[:, 1 : C + 1]
@@ -140,8 +140,8 @@ def channel_first_cases() -> int:
             return [y, leaves[0].grad, *mg] + ([] if st is None else [st.grad])
 
         want = run(x.transpose(1, 2).contiguous().transpose(1, 2))
-        # the routed program, and the unrouted chained rounds where the simple walk applies
-        for program in (None, "bwd_bcl_chain", "bwd_bcl_chain2") if docs == "none" and not states else (None,):
+        # the routed program, and both channel-first backward programs where the simple walk applies
+        for program in (None, "bwd_bcl", "bwd_bcl_chain2") if docs == "none" and not states else (None,):
             got = run(x, program)
             for name, g, r in zip(("y", "dx", "dweight", "dbias", "dinitial"), got, want):
                 assert torch.equal(g, r), f"channel-first {B}x{C}x{L} {dtype} {docs} {program}: {name}"
