@@ -543,3 +543,20 @@ def test_prepare_refuses_a_bad_geometry_before_compiling(monkeypatch):
     bad = Launch("conv1d_silu_fwd", "k", (1, 1, 1), 128, LIMITS.smem_optin + 16, None)
     with pytest.raises(ValueError, match="dynamic shared memory exceed"):
         runtime.prepare(bad, torch.device("cuda", 0))
+
+
+def test_the_kernel_text_is_code_only_so_a_comment_edit_recompiles_nothing(tmp_path, monkeypatch):
+    """Comments, trailing blanks and empty lines leave the text that NVRTC compiles and every cache
+    keys on; a comment marker inside a string literal is text, and a block comment one space."""
+    assert kernels.code_only('a // x "y"\nb "c // d" /* e\n f */g\n\n  // only\nh  \n') == 'a\nb "c // d"  g\nh\n'
+    before = {name: kernels.source(name) for name in kernels.SOURCES}
+    for f in kernels.KERNEL_DIR.iterdir():
+        if f.suffix in (".cu", ".cuh"):  # every comment reworded, and one more comment line each
+            text = f.read_text().replace("// ", "// reworded, ").replace("/* ", "/* reworded ")
+            (tmp_path / f.name).write_text("// a new first line\n\n" + text)
+    monkeypatch.setattr(kernels, "KERNEL_DIR", tmp_path)
+    kernels.source.cache_clear()
+    try:
+        assert {name: kernels.source(name) for name in kernels.SOURCES} == before
+    finally:
+        kernels.source.cache_clear()

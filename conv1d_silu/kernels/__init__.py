@@ -13,6 +13,8 @@ import torch
 KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_bcl", "conv1d_silu_update")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+# a comment, or a string literal (kept whole: a comment marker inside one is text)
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 
 # The fields of each kernel's argument struct, in order (common.cuh: FwdArgs, BwdArgs, FoldArgs,
 # FwdBclArgs, BwdBclArgs, UpdateArgs):
@@ -51,9 +53,18 @@ CXX_TYPES = {
 }
 
 
+def code_only(text: str) -> str:
+    """``text`` without its comments (a block comment is one space, as to the compiler), trailing
+    blanks and empty lines: the code alone."""
+    text = _COMMENT_OR_STRING.sub(lambda m: m[0] if m[0][0] == '"' else " " if m[0][1] == "*" else "", text)
+    return "".join(line.rstrip() + "\n" for line in text.splitlines() if line.strip())
+
+
 @functools.lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The kernel source with its local includes inlined (so the text alone keys every cache)."""
+    """The kernel source with its local includes inlined, as code only (:func:`code_only`): the code
+    alone keys every cache (CuPy's, the emulator's), so an edit to a comment recompiles nothing. NVRTC's
+    line numbers are this text's."""
     seen: set[str] = set()
 
     def expand(path: Path) -> str:
@@ -68,7 +79,7 @@ def source(name: str) -> str:
 
         return _INCLUDE.sub(include, text)
 
-    return expand(KERNEL_DIR / f"{name}.cu")
+    return code_only(expand(KERNEL_DIR / f"{name}.cu"))
 
 
 def source_hash(name: str) -> str:
