@@ -206,9 +206,9 @@ PROGRAMS: dict[str, Program] = {
         ),
         # No staging: each lane loads two consecutive vectors a step (a warp's 16-byte loads and stores
         # at a 32-byte stride), computes g and dx in registers, and chains its slab's partial through
-        # the slab's lanes by shuffles. It takes 0.90-0.98x the staged walk's time at 16384 tokens and
-        # C of 1024 to 5120, 0.97x at 32768 x 1024, and 1.01-1.06x from 32768 tokens at C >= 2560 and
-        # from 65536 at C = 1024 (H100), running 8 % more instructions a round (static SASS).
+        # the slab's lanes by shuffles. At bf16 it takes 0.90-0.98x the staged walk's time at 16384
+        # tokens and C of 1024 to 5120, 0.97x at 32768 x 1024, and 1.01-1.06x at 32768 tokens and C >=
+        # 2560 and at 65536 and C >= 1024 (H100), running 8 % more instructions a round (static SASS).
         Program(
             "bwd_bcl_chain2",
             "bwd",
@@ -399,7 +399,7 @@ def parse_table(data, source: str) -> tuple[str, dict[str, tuple[Rule, ...]]]:
 
 def format_table(arch: str, measured: dict, routes: dict[str, list[Rule]]) -> str:
     """A route table as JSON, one rule per line; each listed variant's rules get the default appended
-    unless they end in one (the format ``parse_table`` reads)."""
+    unless they end in a channel-last one (the format ``parse_table`` reads)."""
 
     def rule(r: Rule) -> str:
         if r.is_default:
@@ -414,7 +414,7 @@ def format_table(arch: str, measured: dict, routes: dict[str, list[Rule]]) -> st
     blocks = []
     for variant in sorted(routes, key=VARIANTS.index):
         rules = list(routes[variant])
-        if not rules or not rules[-1].is_default:
+        if not rules or not (rules[-1].is_default and PROGRAMS[rules[-1].program].layout == "BLC"):
             rules.append(default_rule(variant))
         lines = ",\n".join(f"      {rule(r)}" for r in rules)
         blocks.append(f"    {json.dumps(variant)}: [\n{lines}\n    ]")

@@ -9,7 +9,8 @@ reduction), so a route changes speed only.
 
 Files written (the installed package is never written unless --write-package is given):
   OUT/<arch>.json       the route table, in the format of conv1d_silu/route_tables/<arch>.json; it
-                        lists the variants measured, the others route to the default program
+                        lists the variants measured (the others route to the default program) and
+                        keeps the package table's channel-first rules, which the tuner does not time
   OUT/routes-<arch>.md  the evidence: every time measured and the program each point routes to
   OUT is --out DIR, by default ./tune-<arch>/ in the current directory.
   --write-package       also writes conv1d_silu/route_tables/<arch>.json, the table the package
@@ -416,7 +417,9 @@ def write_evidence(path: Path, arch: str, ms: list[Measurement], rules, meta: di
         "fastest or within 3 % (and the interquartile spreads) of it; among those, the previous S's and the previous "
         "C's picks and then the default are preferred, so ties do not split bands. Bands run from one "
         "measured C to the next (the odd single-step bands are real: balanced channel tiles of some C leave part "
-        "of a warp idle); variants not listed here were not measured and use the default. A run of named programs "
+        "of a warp idle); variants not listed here were not measured and use the default. The table also keeps the package "
+        "table's channel-first rules as they were (they are timed by `python -m conv1d_silu.bench --layout BCL`, not "
+        "here). A run of named programs "
         "also re-times the program routed at each of its points. Timed but never routed "
         "(`Program.routed`, see conv1d_silu/routes.py for why): "
         + (", ".join(f"`{n}`" for n, p in routes.PROGRAMS.items() if not p.routed) or "none") + ".",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conv1d_silu import causal_conv1d_silu, gpu_bcl, ops
+from conv1d_silu import causal_conv1d_silu, gpu_bcl, ops, routes
 from conv1d_silu.compat import causal_conv1d_fn
 from conv1d_silu.compat.cpp_functions import causal_conv1d_bwd_function
 
@@ -145,7 +145,8 @@ CHAIN_CASES = [c for c in CASES if c[6] == "none"] + [
 ]
 
 
-CHAINS = {"bwd_bcl_chain2": 2}
+CHAINED = "bwd_bcl_chain2"  # the chained round, with routes.PROGRAMS[CHAINED].chain vectors a lane
+CHAIN = 2
 
 
 def _chained(kernel: str, simple: bool, chain: int) -> int:
@@ -157,14 +158,9 @@ def _chained(kernel: str, simple: bool, chain: int) -> int:
     return chain if simple and (32 // vec) % chain == 0 and vec >= K - 1 and vec * itemsize >= 4 else 0
 
 
-CHAIN_RUNS = [(c, wide, program) for c in CHAIN_CASES for wide in (False, True) for program in CHAINS]
-
-
-@pytest.mark.parametrize(
-    "case, wide, program", CHAIN_RUNS,
-    ids=lambda v: "-".join(str(x).removeprefix("torch.") for x in v) if isinstance(v, tuple) else str(v),
-)
-def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide, program):
+@pytest.mark.parametrize("wide", [False, True], ids=["int", "long"])
+@pytest.mark.parametrize("case", CHAIN_CASES, ids=lambda c: "-".join(str(v).removeprefix("torch.") for v in c))
+def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case, wide):
     """bwd_bcl_chain2 (g and dx of each lane's own vectors, a slab's partial chained through its
     lanes) computes the same expressions in the same order as the routed walk: every output and
     gradient has its bits, with 32- and 64-bit offsets, and it runs the chained round exactly where
@@ -181,11 +177,11 @@ def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case
     gpu_bcl.backward_launches.cache_clear()
     try:
         want = _run(x, w, b, kw, silu, grads)
-        got = _run(x, w, b, {**kw, "program": program}, silu, grads)
+        got = _run(x, w, b, {**kw, "program": CHAINED}, silu, grads)
         if kernel_backend.name == "emu":
             simple = states in ("none", "final") and (B == 1 or L % 32 == 0)
             launch = next(lau for lau in reversed(ops._launcher.launches) if "bwd_bcl" in lau.kernel)
-            chain = _chained(launch.kernel, simple, CHAINS[program])
+            chain = _chained(launch.kernel, simple, CHAIN)
             flags = f", {'long long' if wide else 'int'}, {str(simple).lower()}, {chain}>"
             assert launch.kernel.endswith(flags), launch.kernel
     finally:
@@ -201,15 +197,14 @@ def test_the_chained_round_gives_the_same_bits(kernel_backend, monkeypatch, case
 
 def test_the_chained_round_runs_for_the_mamba_shapes():
     """At bf16 and K = 4 (16-byte vectors of 8 tokens) the chained program takes its round."""
-    for program, chain in CHAINS.items():
-        launch, _, _ = gpu_bcl.backward_launches(
-            torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 8, 64, 2048, (64 * 2048, 2048) * 3, 16, True, 0, False,
-            True, 0, False, False, chain)
-        assert launch.kernel.endswith(f", int, true, {chain}>"), (program, launch.kernel)
+    assert routes.PROGRAMS[CHAINED].chain == CHAIN
+    launch, _, _ = gpu_bcl.backward_launches(
+        torch.bfloat16, torch.bfloat16, torch.bfloat16, 4, 8, 64, 2048, (64 * 2048, 2048) * 3, 16, True, 0, False,
+        True, 0, False, False, CHAIN)
+    assert launch.kernel.endswith(f", int, true, {CHAIN}>"), launch.kernel
 
 
-@pytest.mark.parametrize("program", CHAINS)
-def test_the_chained_round_forced_on_channel_last_x_gives_its_bits(kernel_backend, program):
+def test_the_chained_round_forced_on_channel_last_x_gives_its_bits(kernel_backend):
     """A chained program named for channel-last x (S, C) runs on a channel-first copy and returns dx in
     x's layout, with the routed channel-last call's bits."""
     dev = kernel_backend.device
@@ -223,17 +218,16 @@ def test_the_chained_round_forced_on_channel_last_x_gives_its_bits(kernel_backen
         causal_conv1d_silu(*leaves, program=program).backward(dy)
         return [t.grad for t in leaves]
 
-    want, got = grads(None), grads(program)
+    want, got = grads(None), grads(CHAINED)
     if kernel_backend.name == "emu":
         assert ops._launcher.launches[-1].kernel.startswith("conv1d_silu_bwd_bcl<")  # its CTAs write the root
-        assert ops._launcher.launches[-1].kernel.endswith(f", true, {CHAINS[program]}>")
+        assert ops._launcher.launches[-1].kernel.endswith(f", true, {CHAIN}>")
     assert got[0].stride() == x.stride()
     for name, g, r in zip(("dx", "dw", "db"), got, want):
         assert torch.equal(g, r), name
 
 
-@pytest.mark.parametrize("program", CHAINS)
-def test_the_chained_round_climbs_to_the_same_bits(kernel_backend, monkeypatch, program):
+def test_the_chained_round_climbs_to_the_same_bits(kernel_backend, monkeypatch):
     """The chained round's partials climb through running sums as the routed walk's (forced at 2^16
     tokens, with its last slab short)."""
     x, w, b, _ = _case(1, 2, (1 << 16) - 8, 4, torch.bfloat16, torch.bfloat16, "none", "none", True,
@@ -242,7 +236,7 @@ def test_the_chained_round_climbs_to_the_same_bits(kernel_backend, monkeypatch, 
     monkeypatch.setattr(gpu_bcl, "top_level", lambda root: root - 1)
     gpu_bcl.backward_launches.cache_clear()
     try:
-        got = _run(x, w, b, {"program": program}, True, "weight")
+        got = _run(x, w, b, {"program": CHAINED}, True, "weight")
     finally:
         gpu_bcl.backward_launches.cache_clear()
     for name in ("dx", "dw", "db"):

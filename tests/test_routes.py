@@ -50,20 +50,22 @@ def test_blackwell_routes_are_the_row_group_programs(arch, variant, C, S):
 
 
 def test_every_band_edge_and_floor_of_every_route():
-    """Just inside each rule's box it is chosen unless an earlier rule claims the point; just outside
-    it is not chosen unless a later rule names the same program."""
+    """Each rule is chosen (among the rules of its layout) at one point at least just inside its box,
+    so no rule is dead; just outside its box it does not match."""
     for arch, table in ROUTES.items():
         for variant, rules in table.items():
-            for i, rule in enumerate(rules):
+            for rule in rules:
                 if rule.is_default:
                     continue
                 inside = [(rule.c_lo, rule.s_min), (rule.c_hi - 1, rule.s_min), (rule.c_lo, max(rule.s_min, 1) * 4)]
-                for C, S in inside:
-                    dtype = next(iter(rule.dtypes)) if rule.dtypes else "bfloat16"
-                    K = next(iter(rule.ks)) if rule.ks else 4
-                    layout = PROGRAMS[rule.program].layout
-                    first = next(r for r in rules if PROGRAMS[r.program].layout == layout and r.matches(C, S, K, dtype))
-                    assert first is rule or rules.index(first) < i, (arch, variant, C, S)
+                dtype = next(iter(rule.dtypes)) if rule.dtypes else "bfloat16"
+                K = next(iter(rule.ks)) if rule.ks else 4
+                layout = PROGRAMS[rule.program].layout
+                chosen = [
+                    next(r for r in rules if PROGRAMS[r.program].layout == layout and r.matches(C, S, K, dtype))
+                    for C, S in inside
+                ]
+                assert any(first is rule for first in chosen), (arch, variant, rule)  # no rule is dead
                 outside = [(rule.c_lo - 1, rule.s_min), (rule.c_hi, rule.s_min), (rule.c_lo, rule.s_min - 1)]
                 for C, S in outside:
                     if C < 0 or S < 0 or rule.c_hi >= INF and C >= INF:
@@ -624,6 +626,42 @@ def test_tuner_writes_the_package_only_in_a_source_checkout(tmp_path, monkeypatc
     capsys.readouterr()
 
 
+def test_retuning_keeps_the_channel_first_rules_once(tmp_path, monkeypatch, capsys):
+    """The tuner times channel-last programs only: writing a checkout's table again and again keeps
+    its channel-first rules (once, first in their variants) and what its "measured" block says of
+    them, and a table for an arch without one gets none."""
+    from conv1d_silu import tune
+
+    checkout = tmp_path / "checkout" / "conv1d_silu"
+    (checkout / "route_tables").mkdir(parents=True)
+    (checkout.parent / "pyproject.toml").write_text("")
+    (checkout / "route_tables" / "sm_90.json").write_text((TABLES / "sm_90.json").read_text())
+    monkeypatch.setattr(tune, "PACKAGE", checkout)
+    dump = _dump(tmp_path / "tune.json")
+    for _ in range(2):
+        tune.main(["--from-json", str(dump), "--out", str(checkout / "route_tables"), "--write-package"])
+    raw = json.loads((checkout / "route_tables" / "sm_90.json").read_text())
+    assert raw["measured"]["channel_first"] == json.loads((TABLES / "sm_90.json").read_text())["measured"]["channel_first"]
+    _, table = routes.load_table(checkout / "route_tables" / "sm_90.json")
+    for variant in VARIANTS:
+        kept = [r for r in table[variant] if PROGRAMS[r.program].layout == "BCL"]
+        assert kept == [r for r in ROUTES["sm_90"][variant] if PROGRAMS[r.program].layout == "BCL"], variant
+        assert table[variant][: len(kept)] == tuple(kept) and table[variant][-1] == routes.default_rule(variant)
+    assert table["bwd"][len(kept) :] == (Rule("rowgroup_8b", 264, INF, 46340), routes.BWD_DEFAULT)
+    tune.main(["--from-json", str(_dump(tmp_path / "t100.json", arch="sm_100a")), "--out", str(tmp_path / "o100")])
+    raw = json.loads((tmp_path / "o100" / "sm_100a.json").read_text())
+    assert "channel_first" not in raw["measured"] and "bwd_bcl" not in json.dumps(raw["routes"])
+    capsys.readouterr()
+
+
+def test_a_channel_first_rule_that_matches_everything_is_no_default():
+    """format_table appends the channel-last default after a bare channel-first rule, since that rule
+    catches no channel-last call."""
+    text = routes.format_table("sm_90", {}, {"bwd": [Rule("bwd_bcl")]})
+    _, table = routes.parse_table(json.loads(text), "t")
+    assert table["bwd"] == (Rule("bwd_bcl"), routes.BWD_DEFAULT)
+
+
 def test_tuner_help_says_where_files_go(capsys):
     from conv1d_silu import tune
 
@@ -653,11 +691,14 @@ def test_channel_first_calls_route_to_their_layout():
 
 def test_the_channel_first_backward_takes_the_chained_round_where_it_was_faster():
     """The sm_90 table's channel-first backward rules: the chained round where it beat the staged
-    walk on the H100 (16384 tokens at C >= 1024, 32768 at C < 2048), the staged walk elsewhere; calls
-    with document tables keep the walk (the chained round is the simple walk's)."""
+    walk on the H100 (16384 tokens at C >= 1024, 32768 at C < 2048; 16-bit x, a slab over two lanes),
+    the staged walk elsewhere; calls with document tables keep the walk (the chained round is the
+    simple walk's), and so does wider x, whose slabs span four or eight lanes."""
     cases = [(1024, 16384, "bwd_bcl_chain2"), (5120, 16384, "bwd_bcl_chain2"), (1024, 32768, "bwd_bcl_chain2"),
              (2560, 32768, "bwd_bcl"), (1024, 65536, "bwd_bcl"), (256, 16384, "bwd_bcl"), (2560, 8192, "bwd_bcl")]
     for variant in ("bwd", "bwd_bias", "bwd_fp32g", "bwd_bias_fp32g"):
         for C, S, want in cases:
             assert select("sm_90", variant, C, S, 4, "bfloat16", "BCL").name == want, (variant, C, S)
     assert select("sm_90", "bwd_dt", 2560, 16384, 4, "bfloat16", "BCL").name == "bwd_bcl"
+    assert select("sm_90", "bwd", 2560, 16384, 4, "float16", "BCL").name == "bwd_bcl_chain2"
+    assert select("sm_90", "bwd", 2560, 16384, 4, "float32", "BCL").name == "bwd_bcl"

@@ -14,7 +14,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES = ("conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_silu_bcl", "conv1d_silu_update")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 # a comment, or a string literal (kept whole: a comment marker inside one is text)
-_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)
 
 # The fields of each kernel's argument struct, in order (common.cuh: FwdArgs, BwdArgs, FoldArgs,
 # FwdBclArgs, BwdBclArgs, UpdateArgs):

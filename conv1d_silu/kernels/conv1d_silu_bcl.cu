@@ -149,9 +149,9 @@ __global__ void __launch_bounds__(256) conv1d_silu_fwd_bcl(const __grid_constant
 // no document rings. With 16-byte vectors of 16-bit x, 32-bit offsets and K <= 4 it is held to 64
 // registers, four CTAs per SM, without spilling (other forms spill under that bound).
 //
-// CHAIN (the simple walk's cases where a vector holds a token's K-1 taps; 2 where routed): no
-// staging. Each lane loads CHAIN consecutive vectors a step, a warp's lanes neighbouring runs
-// (with CHAIN 1 a warp instruction reads 32 consecutive vectors, 2 at a 32-byte stride); a warp's NV / CHAIN steps
+// CHAIN (the simple walk's cases where a vector holds a token's K-1 taps; bwd_bcl_chain2 takes 2):
+// no staging. Each lane loads CHAIN consecutive vectors a step, a warp's lanes neighbouring runs
+// (with 2, 16 bytes at a 32-byte stride per warp instruction); a warp's NV / CHAIN steps
 // cover its 32 slabs. A lane computes g and dx of its own vectors in registers: the taps come from
 // the lane below (lane 0: lane 31 at the step before, or memory at the first step), the g of the
 // K-1 tokens after from the lane above (lane 31: lane 0 at the step after, or computed from memory
