@@ -1,4 +1,4 @@
-"""``python -m conv1d_silu info [--shape S,C[,K]]``: versions, GPU, kernels, cache, routes."""
+"""``python -m conv1d_silu info [--shape S,C[,K]] [--layout BCL]``: versions, GPU, kernels, cache, routes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import platform
 import sys
 
 
-def info(shape: tuple[int, ...] | None, dtype_name: str) -> int:
+def info(shape: tuple[int, ...] | None, dtype_name: str, layout: str = "BLC") -> int:
     import torch
 
     from . import __version__, kernels, routes, runtime, warmup
@@ -37,9 +37,9 @@ def info(shape: tuple[int, ...] | None, dtype_name: str) -> int:
     if shape:
         S, C = shape[0], shape[1]
         K = shape[2] if len(shape) > 2 else 4
-        print(f"\nroutes for S={S}, C={C}, K={K}, {dtype_name} on {arch}:")
+        print(f"\nroutes for S={S}, C={C}, K={K}, {dtype_name}, x {layout} on {arch}:")
         for variant in routes.VARIANTS:
-            rule = routes.rule_for(arch, variant, C, S, K, dtype_name)
+            rule = routes.rule_for(arch, variant, C, S, K, dtype_name, layout)
             print(f"  {variant:<15} -> {rule.program:<17} ({rule.condition})")
     return 0
 
@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("info", help="versions, GPU, kernels, cache dir, and routes for a shape")
     q.add_argument("--shape", type=lambda s: tuple(int(v) for v in s.split(",")), help="S,C[,K]")
     q.add_argument("--dtype", default="bfloat16")
+    q.add_argument("--layout", choices=("BLC", "BCL"), default="BLC", help="x channel-last or channel-first")
     args = p.parse_args(argv)
-    return info(args.shape, args.dtype)
+    return info(args.shape, args.dtype, args.layout)
 
 
 if __name__ == "__main__":

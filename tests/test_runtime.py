@@ -366,15 +366,17 @@ def test_ticket_reserve_keeps_used_up_buffers(monkeypatch):
 
 
 def test_info_prints_the_route_of_every_variant(capsys):
-    """``python -m conv1d_silu info --shape S,C``: versions, then each variant's program and the
-    band that chose it (on a machine without a GPU, sm_90's table)."""
+    """``python -m conv1d_silu info --shape S,C [--layout BCL]``: versions, then each variant's program
+    and the band that chose it for x in that layout (on a machine without a GPU, sm_90's table)."""
     from conv1d_silu.__main__ import main
 
-    assert main(["info", "--shape", "65536,384"]) == 0
-    out = capsys.readouterr().out
-    for variant in routes.VARIANTS:
-        rule = routes.rule_for("sm_90" if not torch.cuda.is_available() else ops_arch(), variant, 384, 65536)
-        assert f"{variant:<15} -> {rule.program:<17} ({rule.condition})" in out
+    arch = "sm_90" if not torch.cuda.is_available() else ops_arch()
+    for layout in ("BLC", "BCL"):
+        assert main(["info", "--shape", "16384,2560", "--layout", layout]) == 0
+        out = capsys.readouterr().out
+        for variant in routes.VARIANTS:
+            rule = routes.rule_for(arch, variant, 2560, 16384, 4, "bfloat16", layout)
+            assert f"{variant:<15} -> {rule.program:<17} ({rule.condition})" in out
 
 
 def ops_arch() -> str:
