@@ -85,6 +85,7 @@ def test_profile_cases_name_their_shape_layout_and_program():
     assert profile.parse("bwd:250340:384:rowgroup_long_8b") == ("bwd", (250340, 384), 384, "BLC", "rowgroup_long_8b", True)
     assert profile.parse("bwd:8x2048:1024:bwd_bcl:nobias") == ("bwd", (8, 1024, 2048), 1024, "BCL", "bwd_bcl", False)
     assert profile.parse("add:8x2048:1024") == ("add", (8, 1024, 2048), 1024, "BCL", None, True)
+    assert profile.parse("cc1d:8x2048:2560") == ("cc1d", (8, 2560, 2048), 2560, "BCL", None, True)
 
 
 def test_kernel_stats_reports_registers_spills_and_the_instruction_mix(monkeypatch):

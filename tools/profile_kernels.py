@@ -3,8 +3,9 @@
     ncu --clock-control none --profile-from-start off --set full -o prof \
         python3 tools/profile_kernels.py bwd:250340:384:rowgroup_long_8b fwd:250340:384:fwd_rows_8b add:250340:384
 
-Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy or add; bf16, K = 4, bias unless
-``nobias``, random inputs; an empty program routes). S as ``BxL`` (``bwd:8x2048:1024:bwd_bcl``) makes x
+Each case is ``call:S:C[:program[:nobias]]`` (call: fwd, bwd, copy, add, or cc1d: causal-conv1d's
+``causal_conv1d_fn`` forward and backward on the same inputs, for its kernels beside ours; bf16, K = 4,
+bias unless ``nobias``, random inputs; an empty program routes). S as ``BxL`` (``bwd:8x2048:1024:bwd_bcl``) makes x
 channel-first, (B, C, L) with ``layout="BCL"``. Every case runs once before profiling starts, so
 compilation and the first-call work stay outside the profiled range. tools/ncu-profile wraps this.
 """
@@ -49,6 +50,13 @@ def make(spec: str):
         return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True) if program is None else (
             torch.autograd.grad(causal_conv1d_silu(x, w, b, program=program, layout=layout), leaves, dy)
         )
+    if call == "cc1d":
+        from causal_conv1d import causal_conv1d_fn  # imported only here: the other cases run without it
+
+        def view(t):  # its (B, C, L) view of the same memory
+            return t if layout == "BCL" else t.unsqueeze(0).transpose(1, 2)
+
+        return lambda: torch.autograd.grad(causal_conv1d_fn(view(x), w, b, activation="silu"), leaves, view(dy))
     if call == "copy":
         return lambda: out.copy_(dy)
     if call == "add":
