@@ -289,6 +289,12 @@ class Rule:
         return (self.c_lo, self.c_hi, self.s_min, self.dtypes, self.ks) == (0, INF, 0, None, None)
 
     @property
+    def catches_all(self) -> bool:
+        """Whether it is a route's default: it matches every call, and channel-last calls read its
+        program (a channel-first call falls back to its layout's default, not to it)."""
+        return self.is_default and PROGRAMS[self.program].layout == "BLC"
+
+    @property
     def condition(self) -> str:
         """Where the rule applies, in words (``"264 <= C < 296, S >= 32768"``; ``"every call"``)."""
         parts = []
@@ -388,7 +394,7 @@ def parse_table(data, source: str) -> tuple[str, dict[str, tuple[Rule, ...]]]:
             _rule(raw, f"routes.{variant}[{i}]", variant[:3], fail) for i, raw in enumerate(raw_rules)
         )
         # channel-first calls fall back to their layout's default: only a channel-last rule catches all
-        catch_all = [i for i, r in enumerate(rules) if r.is_default and PROGRAMS[r.program].layout == "BLC"]
+        catch_all = [i for i, r in enumerate(rules) if r.catches_all]
         if not catch_all:
             fail(f"routes.{variant}: no default: the last rule must match every call (only 'program')")
         if catch_all[0] != len(rules) - 1:
@@ -414,7 +420,7 @@ def format_table(arch: str, measured: dict, routes: dict[str, list[Rule]]) -> st
     blocks = []
     for variant in sorted(routes, key=VARIANTS.index):
         rules = list(routes[variant])
-        if not rules or not (rules[-1].is_default and PROGRAMS[rules[-1].program].layout == "BLC"):
+        if not rules or not rules[-1].catches_all:
             rules.append(default_rule(variant))
         lines = ",\n".join(f"      {rule(r)}" for r in rules)
         blocks.append(f"    {json.dumps(variant)}: [\n{lines}\n    ]")

@@ -4,8 +4,8 @@ On the current GPU, times every channel-last program of each variant (forward an
 grid of C (64..5120, every 8 from 256 to 512, Mamba's 2560 and 5120) and S (512 .. 262144, 1048576),
 bf16, K = 4, cold L2, medians of CUDA-graph replays, and chooses this arch's route table: a
 non-default program is routed for a C band from a token floor only where it beat the default by more
-than the noise margin at that floor and at every larger S measured. All backward programs give the same bits (canonical
-reduction), so a route changes speed only.
+than the noise margin at that floor and at every larger S measured. All backward programs give the
+same bits (canonical reduction), so a route changes speed only.
 
 Files written (the installed package is never written unless --write-package is given):
   OUT/<arch>.json       the route table, in the format of conv1d_silu/route_tables/<arch>.json; it
@@ -286,10 +286,9 @@ MEASURED_KEYS = ("gpu", "by", "dtype", "K", "dates")  # what the tuner writes in
 def measured(meta: dict) -> dict:
     """A route table's "measured" block: the GPUs, the tool, dtype, K and the dates of the runs."""
     dates = sorted(str(p["date"])[:10] for p in (meta.get("parts") or [meta]) if p.get("date"))
-    out = {"gpu": _gpus(meta), "by": "python -m conv1d_silu.tune", "dtype": "bfloat16", "K": 4}
-    if dates:
-        out["dates"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-    return out
+    when = (dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}") if dates else None
+    values = (_gpus(meta), "python -m conv1d_silu.tune", "bfloat16", 4, when)
+    return {k: v for k, v in zip(MEASURED_KEYS, values) if v is not None}
 
 
 def tolerance(m: Measurement, program: str, fastest: str, margin: float = MARGIN) -> float:
